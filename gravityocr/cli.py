@@ -1,0 +1,4 @@
+import sys
+def main(argv=None):
+    print("gravityocr: not yet")
+    return 0

@@ -1,0 +1,157 @@
+"""Single-sequence decoding: greedy AR and self-speculative (draft + verify), the reference
+semantics that the batched engine must reproduce token for token.
+
+A self-speculative round starts from the last committed token x, which is not yet in
+the KV cache:
+  1. draft pass  [x, M x B]: x's output is the AR token y; the masks' outputs are drafts
+     d_1..d_B for the B positions after x (d_1 drafts y's position, so it is not used).
+     Only x's KV is kept.
+  2. verify pass [y, d_2..d_B] under causal attention: the longest draft prefix equal
+     to the AR predictions is accepted; y, the accepted drafts and the next AR token (the
+     bonus, the next round's x) are committed. KV is kept for committed tokens only.
+Every committed token is the argmax of the causal model given the committed tokens
+before it, so the output equals greedy AR decoding of the same weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers.cache_utils import DynamicCache
+
+from .attention import causal_attention_mask, draft_attention_mask
+from .modeling import GravityOcrForConditionalGeneration
+from .processor import EncodedPrompt
+
+
+@dataclass
+class DecodeStats:
+    committed_tokens: int = 0
+    forward_passes: int = 0  # prefill included; for AR, passes == tokens
+    accepted_per_round: list[int] = field(default_factory=list)
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.committed_tokens / max(1, self.forward_passes)
+
+
+@dataclass
+class DecodeResult:
+    token_ids: list[int]  # committed tokens, the eos included when one was produced
+    stats: DecodeStats
+
+
+class _Sequence:
+    """Committed tokens of one request and the rule for when it is finished."""
+
+    def __init__(self, eos_ids: set[int], max_new_tokens: int):
+        self.tokens: list[int] = []
+        self.eos_ids = eos_ids
+        self.max_new_tokens = max_new_tokens
+
+    @property
+    def finished(self) -> bool:
+        return len(self.tokens) >= self.max_new_tokens or (bool(self.tokens) and self.tokens[-1] in self.eos_ids)
+
+    def commit(self, tokens: list[int]) -> None:
+        for token in tokens:
+            if self.finished:
+                return
+            self.tokens.append(token)
+
+
+@torch.no_grad()
+def prefill(model: GravityOcrForConditionalGeneration, prompt: EncodedPrompt, cache: DynamicCache) -> tuple[torch.Tensor, int]:
+    """Run image + prompt through the model into `cache`; returns the last logits and the
+    rope position of the first response token."""
+    device = model.device
+    input_ids = prompt.input_ids.to(device)
+    image_embeds = torch.cat(model.encode_images(prompt.pixel_values.to(device), prompt.image_grid_thw.to(device)))
+    positions, next_position = model.rope_positions(input_ids, prompt.image_grid_thw.to(device))
+    embeds = model.embed(input_ids, image_embeds)
+    mask = causal_attention_mask(0, input_ids.shape[1], device)[None, None]
+    logits = model.logits_from_embeds(embeds, positions, mask, cache)
+    return logits[0, -1], next_position
+
+
+def _step(model, token_ids: list[int], first_position: int, mask: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+    device = model.device
+    ids = torch.tensor([token_ids], dtype=torch.long, device=device)
+    positions = torch.arange(first_position, first_position + len(token_ids), device=device).view(1, 1, -1).expand(3, 1, -1)
+    return model.logits_from_embeds(model.embed(ids), positions, mask[None, None], cache)[0]
+
+
+def _validate(prompt: EncodedPrompt, max_new_tokens: int, model) -> None:
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    context = model.config.text_config.max_position_embeddings
+    if prompt.length + max_new_tokens > context:
+        raise ValueError(
+            f"prompt of {prompt.length} tokens plus {max_new_tokens} new tokens exceeds the context of {context}"
+        )
+
+
+@torch.no_grad()
+def greedy_decode(model, prompt: EncodedPrompt, max_new_tokens: int, eos_ids: set[int]) -> DecodeResult:
+    """Plain greedy AR decoding with a KV cache: one token per forward pass."""
+    _validate(prompt, max_new_tokens, model)
+    cache = DynamicCache(config=model.config.text_config)
+    logits, position = prefill(model, prompt, cache)
+    sequence = _Sequence(eos_ids, max_new_tokens)
+    stats = DecodeStats(forward_passes=1)
+    sequence.commit([int(logits.argmax())])
+    while not sequence.finished:
+        past = cache.get_seq_length()
+        logits = _step(model, sequence.tokens[-1:], position + len(sequence.tokens) - 1,
+                       causal_attention_mask(past, 1, model.device), cache)
+        stats.forward_passes += 1
+        sequence.commit([int(logits[-1].argmax())])
+    stats.committed_tokens = len(sequence.tokens)
+    return DecodeResult(sequence.tokens, stats)
+
+
+@torch.no_grad()
+def speculative_decode(model, prompt: EncodedPrompt, max_new_tokens: int, eos_ids: set[int],
+                       block_size: int = 32) -> DecodeResult:
+    """Self-speculative decoding; output identical to `greedy_decode` of the same weights."""
+    _validate(prompt, max_new_tokens, model)
+    if block_size < 2:
+        raise ValueError(f"block_size must be at least 2, got {block_size}")
+    cache = DynamicCache(config=model.config.text_config)
+    logits, position = prefill(model, prompt, cache)
+    sequence = _Sequence(eos_ids, max_new_tokens)
+    stats = DecodeStats(forward_passes=1)
+    sequence.commit([int(logits.argmax())])
+    mask_id = model.mask_token_id
+    while not sequence.finished:
+        x_position = position + len(sequence.tokens) - 1
+        # No block longer than what may still be committed after y.
+        block = max(2, min(block_size, max_new_tokens - len(sequence.tokens)))
+        past = cache.get_seq_length()
+
+        draft_logits = _step(model, sequence.tokens[-1:] + [mask_id] * block, x_position,
+                             draft_attention_mask(past, block, model.device), cache)
+        cache.crop(-block)  # keep x only
+        stats.forward_passes += 1
+        y = int(draft_logits[0].argmax())
+        drafts = draft_logits[2:].argmax(-1).tolist()  # d_2..d_B
+        sequence.commit([y])
+        if sequence.finished:
+            stats.accepted_per_round.append(0)
+            break
+
+        verify_logits = _step(model, [y] + drafts, x_position + 1,
+                              causal_attention_mask(past + 1, block, model.device), cache)
+        stats.forward_passes += 1
+        predictions = verify_logits.argmax(-1).tolist()  # AR token after y, after d_2, ...
+        accepted = 0
+        while accepted < len(drafts) and drafts[accepted] == predictions[accepted]:
+            accepted += 1
+        rejected = len(drafts) - accepted
+        if rejected:
+            cache.crop(-rejected)
+        stats.accepted_per_round.append(accepted)
+        sequence.commit(drafts[:accepted] + [predictions[accepted]])
+    stats.committed_tokens = len(sequence.tokens)
+    return DecodeResult(sequence.tokens, stats)

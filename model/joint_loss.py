@@ -1,0 +1,129 @@
+"""The joint objective: causal next-token loss on the clean stream plus denoising loss on
+the masked positions of two complementary corrupted streams, in one forward pass.
+
+`Objective.NO_AR` drops the AR term (the paper's ablation); `Objective.AR_ONLY` trains
+the plain causal model (the baseline), without corrupted streams at all.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .attention import JointLayout, complementary_mask_choice, joint_attention_mask, joint_position_ids, pad_square_masks
+from .modeling import GravityOcrForConditionalGeneration
+from .processor import EncodedPrompt
+
+IGNORE = -100
+
+
+class Objective(str, enum.Enum):
+    JOINT = "joint"
+    NO_AR = "no_ar"
+    AR_ONLY = "ar_only"
+
+
+@dataclass
+class TrainingSample:
+    prompt: EncodedPrompt
+    target_ids: list[int]  # the response, ending with eos
+
+
+@dataclass
+class JointBatch:
+    input_ids: torch.Tensor  # (N, T)
+    position_ids: torch.Tensor  # (3, N, T)
+    attention_mask: torch.Tensor  # (N, 1, T, T) bool
+    pixel_values: torch.Tensor
+    image_grid_thw: torch.Tensor
+    ar_targets: torch.Tensor  # (N, T): target of the logit at each position, IGNORE elsewhere
+    denoise_targets: torch.Tensor  # (N, T)
+    layouts: list[JointLayout]
+
+
+@dataclass
+class LossParts:
+    total: torch.Tensor
+    ar: torch.Tensor
+    denoise: torch.Tensor
+
+
+def build_joint_batch(
+    model: GravityOcrForConditionalGeneration,
+    samples: list[TrainingSample],
+    objective: Objective = Objective.JOINT,
+    block_size: int = 32,
+    random_block_offset: bool = True,
+    generator: torch.Generator | None = None,
+) -> JointBatch:
+    corrupted = objective != Objective.AR_ONLY
+    pad_id = model.config.pad_token_id or 0
+    rows, positions, masks, ar_rows, denoise_rows, layouts = [], [], [], [], [], []
+    for sample in samples:
+        prefix = sample.prompt.input_ids
+        target = torch.tensor(sample.target_ids, dtype=torch.long)
+        offset = int(torch.randint(block_size, (1,), generator=generator)) if random_block_offset else 0
+        layout = JointLayout(prefix.shape[1], target.numel(), block_size, offset, corrupted)
+        prefix_positions, first_response = model.rope_positions(prefix, sample.prompt.image_grid_thw)
+        P, L = layout.prefix_len, layout.response_len
+
+        ids = [prefix[0], target]
+        ar_target = torch.full((layout.total_len,), IGNORE)
+        ar_target[P - 1:P - 1 + L] = target
+        denoise_target = torch.full((layout.total_len,), IGNORE)
+        if corrupted:
+            ratio = float(torch.rand((), generator=generator))
+            masked_in_a = complementary_mask_choice(L, ratio, generator)
+            for stream_masked, start in ((masked_in_a, P + L), (~masked_in_a, P + 2 * L)):
+                ids.append(target.masked_fill(stream_masked, model.mask_token_id))
+                denoise_target[start:start + L] = target.masked_fill(~stream_masked, IGNORE)
+        rows.append(torch.cat(ids))
+        positions.append(joint_position_ids(prefix_positions[:, 0], first_response, layout))
+        masks.append(joint_attention_mask(layout))
+        ar_rows.append(ar_target)
+        denoise_rows.append(denoise_target)
+        layouts.append(layout)
+
+    total = max(r.numel() for r in rows)
+
+    def pad(tensors, value):
+        return torch.stack([F.pad(t, (0, total - t.shape[-1]), value=value) for t in tensors])
+
+    return JointBatch(
+        input_ids=pad(rows, pad_id),
+        position_ids=pad(positions, 0).permute(1, 0, 2).contiguous(),
+        attention_mask=pad_square_masks(masks, total),
+        pixel_values=torch.cat([s.prompt.pixel_values for s in samples]),
+        image_grid_thw=torch.cat([s.prompt.image_grid_thw for s in samples]),
+        ar_targets=pad(ar_rows, IGNORE),
+        denoise_targets=pad(denoise_rows, IGNORE),
+        layouts=layouts,
+    )
+
+
+def joint_logits(model: GravityOcrForConditionalGeneration, batch: JointBatch) -> torch.Tensor:
+    device = model.device
+    image_embeds = torch.cat(model.encode_images(batch.pixel_values.to(device), batch.image_grid_thw.to(device)))
+    embeds = model.embed(batch.input_ids.to(device), image_embeds)
+    return model.logits_from_embeds(embeds, batch.position_ids.to(device), batch.attention_mask.to(device))
+
+
+def joint_loss(
+    model: GravityOcrForConditionalGeneration,
+    batch: JointBatch,
+    objective: Objective = Objective.JOINT,
+) -> LossParts:
+    logits = joint_logits(model, batch).float()
+    vocab = logits.shape[-1]
+    ar_targets = batch.ar_targets.to(logits.device)
+    denoise_targets = batch.denoise_targets.to(logits.device)
+    ar = F.cross_entropy(logits.view(-1, vocab), ar_targets.view(-1), ignore_index=IGNORE)
+    zero = logits.new_zeros(())
+    if objective == Objective.AR_ONLY:
+        return LossParts(total=ar, ar=ar, denoise=zero)
+    denoise = F.cross_entropy(logits.view(-1, vocab), denoise_targets.view(-1), ignore_index=IGNORE)
+    total = denoise if objective == Objective.NO_AR else ar + denoise
+    return LossParts(total=total, ar=ar, denoise=denoise)

@@ -1,0 +1,109 @@
+"""The GravityOCR network: GLM-OCR plus one learned mask-token embedding.
+
+Everything else is GLM-OCR as transformers defines it, so `zai-org/GLM-OCR` (or any local
+directory in Hugging Face format) loads with `from_pretrained`; a checkpoint without the
+mask embedding gets it freshly initialised, ready for joint training.
+
+The decoding and training code calls three small methods below rather than `forward`,
+because both need explicit 4-D attention masks and 3-D rope positions that GLM-OCR's
+own `forward` would otherwise infer for plain causal decoding.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import GlmOcrConfig, GlmOcrForConditionalGeneration
+from transformers.cache_utils import Cache
+
+
+class GravityOcrForConditionalGeneration(GlmOcrForConditionalGeneration):
+    """GLM-OCR with a learned embedding for the mask token used by block-diffusion drafts.
+
+    `config.mask_token_id` names the id that stands for the mask in input ids; its row of
+    the token embedding (if any) is never read: `mask_embedding` replaces it.
+    """
+
+    def __init__(self, config: GlmOcrConfig):
+        super().__init__(config)
+        if getattr(config, "mask_token_id", None) is None:
+            # A hub GLM-OCR checkpoint has no mask id: use one past the vocabulary, which
+            # never collides with a real token and is never looked up in the embedding table.
+            config.mask_token_id = config.text_config.vocab_size
+        self.mask_embedding = nn.Parameter(torch.empty(config.text_config.hidden_size))
+        self.post_init()
+
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        if module is self:
+            std = self.config.text_config.initializer_range
+            with torch.no_grad():
+                self.mask_embedding.normal_(mean=0.0, std=std)
+
+    @property
+    def mask_token_id(self) -> int:
+        return int(self.config.mask_token_id)
+
+    # --- the three primitives used by training and decoding -------------------------
+
+    def encode_images(self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> list[torch.Tensor]:
+        """Vision tower: one tensor of visual-token embeddings per image."""
+        output = self.model.get_image_features(pixel_values, image_grid_thw, return_dict=True)
+        return list(output.pooler_output)
+
+    def embed(self, input_ids: torch.Tensor, image_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """Token embeddings with mask positions replaced by the mask embedding and image
+        placeholders replaced (in order) by `image_embeds` (all images' tokens concatenated)."""
+        is_mask = input_ids == self.mask_token_id
+        table = self.get_input_embeddings()
+        embeds = table(input_ids.masked_fill(is_mask, 0))
+        embeds = torch.where(is_mask[..., None], self.mask_embedding.to(embeds.dtype), embeds)
+        if image_embeds is not None:
+            is_image = input_ids == self.config.image_token_id
+            n_placeholders = int(is_image.sum())
+            if n_placeholders != image_embeds.shape[0]:
+                raise ValueError(
+                    f"{n_placeholders} image placeholder tokens but {image_embeds.shape[0]} visual tokens"
+                )
+            embeds = embeds.masked_scatter(is_image[..., None], image_embeds.to(embeds.dtype))
+        return embeds
+
+    def logits_from_embeds(
+        self,
+        inputs_embeds: torch.Tensor,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        cache: Cache | None = None,
+    ) -> torch.Tensor:
+        """Decoder + LM head under an explicit mask.
+
+        position_ids: (3, batch, seq) rope positions; attention_mask: (batch, 1, seq, past+seq)
+        bool, True = attend (sdpa semantics; the model is built with sdpa attention).
+        """
+        hidden = self.model.language_model(
+            inputs_embeds=inputs_embeds,
+            position_ids=position_ids,
+            attention_mask=attention_mask,
+            cache=cache,
+            use_cache=cache is not None,
+        ).last_hidden_state
+        return self.lm_head(hidden)
+
+    def rope_positions(self, input_ids: torch.Tensor, image_grid_thw: torch.Tensor | None) -> tuple[torch.Tensor, int]:
+        """GLM-OCR's 3-D rope positions for one prompt (1, P), and the position the first
+        response token takes. Text after the prompt advances all three axes together."""
+        mm_token_type_ids = (input_ids == self.config.image_token_id).int()
+        if image_grid_thw is None or not bool(mm_token_type_ids.any()):
+            length = input_ids.shape[1]
+            positions = torch.arange(length, device=input_ids.device).view(1, 1, -1).expand(3, 1, -1)
+            return positions, length
+        positions, _ = self.model.get_rope_index(input_ids, mm_token_type_ids, image_grid_thw=image_grid_thw)
+        return positions, int(positions.max()) + 1
+
+
+def load_model(path_or_name: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+    """Load a GravityOCR or GLM-OCR checkpoint (local directory or hub name) for decoding."""
+    model = GravityOcrForConditionalGeneration.from_pretrained(
+        path_or_name, dtype=dtype, attn_implementation="sdpa"
+    )
+    return model.to(device).eval()

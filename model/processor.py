@@ -1,0 +1,112 @@
+"""Turns an image crop and a task into model inputs: pixel patches and prompt token ids.
+
+Images go through GLM-OCR's own image processor (the PIL backend of transformers'
+`Glm46VImageProcessor`), so the small model and GLM-OCR see pixels the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from PIL import Image
+from transformers import Glm46VImageProcessorPil, PreTrainedTokenizerBase
+
+from .tokenizer import SPECIAL
+
+# GLM-OCR's task prompts, one per content type.
+TASK_PROMPTS = {
+    "text": "Text Recognition:",
+    "table": "Table Recognition:",
+    "formula": "Formula Recognition:",
+}
+
+# How a prompt wraps the image; "{image}" becomes the visual placeholder tokens.
+CHAR_TEMPLATE = SPECIAL.begin_of_image + "{image}" + SPECIAL.end_of_image + "{task}" + SPECIAL.assistant
+GLM_OCR_TEMPLATE = "[gMASK]<sop><|user|>\n<|begin_of_image|>{image}<|end_of_image|>{task}<|assistant|>\n"
+
+
+class InvalidInput(ValueError):
+    """A request the model cannot take, with a message that says why."""
+
+
+@dataclass
+class EncodedPrompt:
+    """One request, ready for prefill."""
+
+    input_ids: torch.Tensor  # (1, P) long
+    pixel_values: torch.Tensor  # (patches, C*T*p*p)
+    image_grid_thw: torch.Tensor  # (1, 3)
+    task: str
+
+    @property
+    def length(self) -> int:
+        return int(self.input_ids.shape[1])
+
+
+def make_image_processor(patch_size: int = 14, min_pixels: int = 28 * 28 * 4, max_pixels: int = 28 * 28 * 1024):
+    return Glm46VImageProcessorPil(
+        patch_size=patch_size,
+        temporal_patch_size=2,
+        merge_size=2,
+        size={"shortest_edge": min_pixels, "longest_edge": max_pixels},
+    )
+
+
+def _as_rgb_image(image) -> Image.Image:
+    if image is None:
+        raise InvalidInput("no image given")
+    if isinstance(image, np.ndarray):
+        if image.size == 0:
+            raise InvalidInput(f"empty image array of shape {image.shape}")
+        image = Image.fromarray(image)
+    if not isinstance(image, Image.Image):
+        raise InvalidInput(f"expected a PIL image or array, got {type(image).__name__}")
+    if image.width == 0 or image.height == 0:
+        raise InvalidInput(f"zero-size image ({image.width}x{image.height})")
+    return image.convert("RGB")
+
+
+class OcrProcessor:
+    """Image processor + tokenizer + prompt template: what one recogniser needs to encode a request."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, image_processor, template: str = CHAR_TEMPLATE,
+                 max_context: int = 4096):
+        self.tokenizer = tokenizer
+        self.image_processor = image_processor
+        self.template = template
+        self.max_context = max_context
+        self.image_token = SPECIAL.image if template == CHAR_TEMPLATE else "<|image|>"
+        self.eos_token_ids = [tokenizer.eos_token_id]
+
+    def encode(self, image, task: str = "text", max_new_tokens: int = 0) -> EncodedPrompt:
+        if task not in TASK_PROMPTS:
+            raise InvalidInput(f"unknown task {task!r}; expected one of {sorted(TASK_PROMPTS)}")
+        rgb = _as_rgb_image(image)
+        try:
+            features = self.image_processor(images=[rgb], return_tensors="pt")
+        except ValueError as error:  # e.g. an aspect ratio over 200
+            raise InvalidInput(f"image {rgb.width}x{rgb.height} cannot be processed: {error}") from error
+        grid = features["image_grid_thw"]
+        merge = self.image_processor.merge_size
+        n_visual = int(grid[0].prod()) // (merge * merge)
+        before, after = self.template.split("{image}")
+        before_ids = self.tokenizer.encode(before, add_special_tokens=False)
+        after_ids = self.tokenizer.encode(after.format(task=TASK_PROMPTS[task]), add_special_tokens=False)
+        image_id = self.tokenizer.convert_tokens_to_ids(self.image_token)
+        ids = before_ids + [image_id] * n_visual + after_ids
+        if len(ids) + max_new_tokens > self.max_context:
+            raise InvalidInput(
+                f"prompt of {len(ids)} tokens plus {max_new_tokens} new tokens exceeds the model's context of "
+                f"{self.max_context} tokens; use a smaller image or fewer new tokens"
+            )
+        return EncodedPrompt(
+            input_ids=torch.tensor([ids], dtype=torch.long),
+            pixel_values=features["pixel_values"],
+            image_grid_thw=grid,
+            task=task,
+        )
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
