@@ -1,4 +1,43 @@
+"""The `gravityocr` command: one entry point, a subcommand per job."""
+
+from __future__ import annotations
+
+import argparse
 import sys
-def main(argv=None):
-    print("gravityocr: not yet")
-    return 0
+
+
+def _not_yet(name: str):
+    def run(args) -> int:
+        print(f"gravityocr {name}: not yet available in this version", file=sys.stderr)
+        return 2
+    return run
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gravityocr", description="Batch and online OCR with exact self-speculative decoding.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name, help_text in [
+        ("batch", "OCR every document under INPUT into OUTPUT (local, file:// or s3://) on Ray"),
+        ("ocr", "OCR local files in-process and print or write markdown/JSON"),
+        ("serve", "serve the OCR HTTP API on Ray Serve"),
+        ("train", "train a recogniser with the joint objective"),
+        ("eval", "score a recogniser on an evaluation manifest directory"),
+    ]:
+        sub = commands.add_parser(name, help=help_text, add_help=False)
+        sub.set_defaults(run=_not_yet(name))
+    bench = commands.add_parser("bench", help="benchmarks that print figures")
+    bench_commands = bench.add_subparsers(dest="bench_command", required=True)
+    bench_commands.add_parser("decode", help="AR vs self-speculative decode speed", add_help=False).set_defaults(
+        run=_not_yet("bench decode"))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args, rest = build_parser().parse_known_args(argv)
+    args.rest = rest
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

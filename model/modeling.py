@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 from transformers import GlmOcrConfig, GlmOcrForConditionalGeneration
+from transformers import initialization as hf_init
 from transformers.cache_utils import Cache
 
 
@@ -31,14 +32,19 @@ class GravityOcrForConditionalGeneration(GlmOcrForConditionalGeneration):
             # never collides with a real token and is never looked up in the embedding table.
             config.mask_token_id = config.text_config.vocab_size
         self.mask_embedding = nn.Parameter(torch.empty(config.text_config.hidden_size))
-        self.post_init()
+        # The parent's post_init already ran (and marked this module initialised), so the
+        # new parameter is initialised here; `_init_weights` covers loading a checkpoint
+        # that lacks it (weights are then created on the meta device and filled later).
+        self._init_mask_embedding()
+
+    def _init_mask_embedding(self) -> None:
+        with torch.no_grad():
+            hf_init.normal_(self.mask_embedding, mean=0.0, std=self.config.text_config.initializer_range)
 
     def _init_weights(self, module):
         super()._init_weights(module)
         if module is self:
-            std = self.config.text_config.initializer_range
-            with torch.no_grad():
-                self.mask_embedding.normal_(mean=0.0, std=std)
+            self._init_mask_embedding()
 
     @property
     def mask_token_id(self) -> int:
@@ -100,10 +106,3 @@ class GravityOcrForConditionalGeneration(GlmOcrForConditionalGeneration):
         positions, _ = self.model.get_rope_index(input_ids, mm_token_type_ids, image_grid_thw=image_grid_thw)
         return positions, int(positions.max()) + 1
 
-
-def load_model(path_or_name: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
-    """Load a GravityOCR or GLM-OCR checkpoint (local directory or hub name) for decoding."""
-    model = GravityOcrForConditionalGeneration.from_pretrained(
-        path_or_name, dtype=dtype, attn_implementation="sdpa"
-    )
-    return model.to(device).eval()

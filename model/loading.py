@@ -1,0 +1,46 @@
+"""Save and load a recogniser (weights, tokenizer, image processor) in Hugging Face format.
+
+A local directory and a hub name load the same way; a GLM-OCR checkpoint (no mask
+embedding yet) loads too, with the mask embedding freshly initialised.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoTokenizer, Glm46VImageProcessorPil
+
+from .modeling import GravityOcrForConditionalGeneration
+from .processor import CHAR_TEMPLATE, GLM_OCR_TEMPLATE, OcrProcessor
+
+
+@dataclass
+class Recognizer:
+    model: GravityOcrForConditionalGeneration
+    processor: OcrProcessor
+
+
+def _template_for(tokenizer) -> str:
+    return GLM_OCR_TEMPLATE if "[gMASK]" in tokenizer.get_vocab() else CHAR_TEMPLATE
+
+
+def load_recognizer(path_or_name: str | Path, dtype: torch.dtype = torch.float32,
+                    device: str | torch.device = "cpu") -> Recognizer:
+    source = str(path_or_name)
+    model = GravityOcrForConditionalGeneration.from_pretrained(source, dtype=dtype, attn_implementation="sdpa")
+    model = model.to(device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    image_processor = Glm46VImageProcessorPil.from_pretrained(source)
+    processor = OcrProcessor(tokenizer, image_processor, _template_for(tokenizer),
+                             max_context=model.config.text_config.max_position_embeddings)
+    return Recognizer(model, processor)
+
+
+def save_recognizer(recognizer: Recognizer, directory: str | Path) -> None:
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    recognizer.model.save_pretrained(directory)
+    recognizer.processor.tokenizer.save_pretrained(directory)
+    recognizer.processor.image_processor.save_pretrained(directory)

@@ -1,0 +1,123 @@
+"""Exactness: self-speculative decoding writes exactly what greedy AR decoding writes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gravityocr.model.decoding import greedy_decode, speculative_decode
+from gravityocr.model.processor import InvalidInput
+
+from conftest import random_image
+
+CASES = [  # (model seed, image seed, width, height, task)
+    (0, 1, 84, 56, "text"),
+    (1, 2, 140, 84, "table"),
+    (2, 3, 56, 112, "formula"),
+]
+
+
+def hf_generate(model, prompt, max_new_tokens, eos_id, pad_id):
+    image_tokens = (prompt.input_ids == model.config.image_token_id).int()
+    output = model.generate(
+        input_ids=prompt.input_ids,
+        pixel_values=prompt.pixel_values.to(model.dtype),
+        image_grid_thw=prompt.image_grid_thw,
+        mm_token_type_ids=image_tokens,
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+    )
+    return output[0, prompt.length:].tolist()
+
+
+@pytest.mark.parametrize("model_seed,image_seed,width,height,task", CASES)
+def test_speculative_equals_greedy_and_hf_generate(tiny_model_factory, processor, tokenizer,
+                                                   model_seed, image_seed, width, height, task):
+    model = tiny_model_factory(model_seed)
+    prompt = processor.encode(random_image(image_seed, width, height), task)
+    eos = {tokenizer.eos_token_id}
+    max_new = 90  # longer than two 32-token blocks
+    ar = greedy_decode(model, prompt, max_new, eos)
+    spec = speculative_decode(model, prompt, max_new, eos, block_size=32)
+    reference = hf_generate(model, prompt, max_new, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    assert ar.token_ids == reference
+    assert spec.token_ids == ar.token_ids
+    assert ar.stats.forward_passes == ar.stats.committed_tokens == len(ar.token_ids)
+    assert spec.stats.committed_tokens == len(spec.token_ids)
+
+
+@pytest.mark.parametrize("block_size", [2, 5, 32])
+def test_eos_inside_a_block_stops_exactly_there(tiny_model_factory, processor, block_size):
+    """Choose as eos a token the model writes mid-sequence: both decoders must stop at its
+    first occurrence, even when it falls inside an accepted draft run."""
+    model = tiny_model_factory(3)
+    prompt = processor.encode(random_image(4, 112, 56), "text")
+    free_run = greedy_decode(model, prompt, 70, eos_ids=set())
+    eos_token = free_run.token_ids[40]
+    first = free_run.token_ids.index(eos_token)
+    ar = greedy_decode(model, prompt, 70, {eos_token})
+    spec = speculative_decode(model, prompt, 70, {eos_token}, block_size=block_size)
+    assert ar.token_ids == free_run.token_ids[:first + 1]
+    assert spec.token_ids == ar.token_ids
+
+
+@pytest.mark.parametrize("max_new", [1, 2, 17, 45])
+def test_max_length_cut_inside_a_block(tiny_model_factory, processor, max_new):
+    model = tiny_model_factory(4)
+    prompt = processor.encode(random_image(5, 84, 84), "text")
+    ar = greedy_decode(model, prompt, max_new, eos_ids=set())
+    spec = speculative_decode(model, prompt, max_new, eos_ids=set(), block_size=32)
+    assert len(ar.token_ids) == max_new
+    assert spec.token_ids == ar.token_ids
+
+
+def test_trained_drafts_are_accepted_and_output_stays_exact(trained_tiny_model, overfit_samples, tokenizer):
+    """With drafts mostly right, rounds commit many tokens; the output is still greedy AR's."""
+    eos = {tokenizer.eos_token_id}
+    for sample in overfit_samples:
+        ar = greedy_decode(trained_tiny_model, sample.prompt, 120, eos)
+        spec = speculative_decode(trained_tiny_model, sample.prompt, 120, eos, block_size=16)
+        assert spec.token_ids == ar.token_ids
+        assert ar.token_ids == sample.target_ids  # memorised, eos included
+        assert spec.stats.tokens_per_forward > 1.5
+        assert max(spec.stats.accepted_per_round) >= 5
+
+
+def test_decoding_rejects_bad_lengths(tiny_model_factory, processor):
+    model = tiny_model_factory(0)
+    prompt = processor.encode(random_image(0, 56, 56), "text")
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        greedy_decode(model, prompt, 0, set())
+    with pytest.raises(ValueError, match="block_size"):
+        speculative_decode(model, prompt, 10, set(), block_size=1)
+    context = model.config.text_config.max_position_embeddings
+    with pytest.raises(ValueError, match="exceeds the context"):
+        speculative_decode(model, prompt, context, set())
+
+
+def test_bad_images_and_prompts_raise_clear_errors(processor):
+    from PIL import Image
+    import numpy as np
+
+    with pytest.raises(InvalidInput, match="no image"):
+        processor.encode(None, "text")
+    with pytest.raises(InvalidInput, match="empty image"):
+        processor.encode(np.zeros((0, 0, 3), dtype=np.uint8), "text")
+    with pytest.raises(InvalidInput, match="zero-size"):
+        processor.encode(Image.new("RGB", (0, 10)), "text")
+    with pytest.raises(InvalidInput, match="unknown task"):
+        processor.encode(random_image(0, 56, 56), "poem")
+    with pytest.raises(InvalidInput, match="exceeds the model's context"):
+        processor.encode(random_image(0, 56, 56), "text", max_new_tokens=processor.max_context)
+    with pytest.raises(InvalidInput, match="cannot be processed"):
+        processor.encode(Image.new("RGB", (10_000, 20)), "text")  # aspect ratio over 200
+
+
+def test_float32_speculative_equals_greedy(tiny_model_factory, processor, tokenizer):
+    """The production dtype: with separated logits, float32 passes agree as well."""
+    model = tiny_model_factory(5, dtype=torch.float32)
+    prompt = processor.encode(random_image(6, 84, 56), "text")
+    eos = {tokenizer.eos_token_id}
+    assert speculative_decode(model, prompt, 40, eos).token_ids == greedy_decode(model, prompt, 40, eos).token_ids
