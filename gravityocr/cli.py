@@ -13,14 +13,25 @@ def _not_yet(name: str):
     return run
 
 
+def _lazy(parser: argparse.ArgumentParser, module_name: str) -> None:
+    """Give a subcommand the arguments and runner of `module_name`, imported only when
+    it runs: `gravityocr --help` must not pay for torch and Ray imports."""
+    import importlib
+
+    module = importlib.import_module(module_name)
+    module.add_arguments(parser)
+    parser.set_defaults(run=module.run)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gravityocr", description="Batch and online OCR with exact self-speculative decoding.")
     commands = parser.add_subparsers(dest="command", required=True)
+    train = commands.add_parser("train", help="train a recogniser with the joint objective")
+    _lazy(train, "gravityocr.model.training")
     for name, help_text in [
         ("batch", "OCR every document under INPUT into OUTPUT (local, file:// or s3://) on Ray"),
         ("ocr", "OCR local files in-process and print or write markdown/JSON"),
         ("serve", "serve the OCR HTTP API on Ray Serve"),
-        ("train", "train a recogniser with the joint objective"),
         ("eval", "score a recogniser on an evaluation manifest directory"),
     ]:
         sub = commands.add_parser(name, help=help_text, add_help=False)

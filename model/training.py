@@ -1,0 +1,341 @@
+"""`gravityocr train`: the joint objective on a stream of synthetic crops, on CPU or GPU.
+
+Checkpoints are written atomically as training goes (weights in Hugging Face format plus
+the optimiser state), and a run resumes from the last one with the same data order.
+
+Two measured facts shape the recipe (shared/notes/training-the-small-model.md):
+- trained from scratch together with the decoder, the vision tower collapses to the same
+  output for every image; so it starts frozen at its random init and is unfrozen later
+  at a fraction of the learning rate, biases kept frozen;
+- the loss with images shuffled across the batch is logged next to the real loss: while
+  they are equal the model is not reading.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import random
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import torch
+import yaml
+from tqdm import tqdm
+
+from . import synthetic
+from .configs import SMALL, TINY, build_config
+from .joint_loss import Objective, TrainingSample, build_joint_batch, joint_loss
+from .loading import Recognizer, load_recognizer, save_recognizer
+from .modeling import GravityOcrForConditionalGeneration
+from .processor import OcrProcessor, make_image_processor
+from .tokenizer import build_char_tokenizer
+
+SIZES = {"tiny": TINY, "small": SMALL}
+
+
+@dataclass
+class CurriculumPhase:
+    stage: str  # a synthetic.CURRICULUM stage name
+    steps: int  # steps spent in this phase (the last phase runs until the end)
+    objective: str | None = None  # overrides TrainConfig.objective (e.g. plain AR until the model reads)
+
+
+@dataclass
+class TrainConfig:
+    output_dir: str = "runs/default"
+    size: str = "small"
+    objective: str = "joint"
+    steps: int = 20000
+    batch_size: int = 16
+    learning_rate: float = 2e-3
+    min_learning_rate: float = 2e-4
+    warmup_steps: int = 100
+    weight_decay: float = 0.01
+    clip_norm: float = 1.0
+    block_size: int = 32
+    seed: int = 0
+    threads: int = 0  # 0: GRAVITYOCR_THREADS, else 1 (on a shared 2-core box one thread beats two)
+    device: str = "cpu"
+    vision_frozen_steps: int = 300
+    vision_lr_scale: float = 0.1
+    replay_fraction: float = 0.25  # share of each batch drawn from earlier curriculum phases
+    checkpoint_every: int = 200
+    shuffled_loss_every: int = 50
+    init_from: str | None = None  # start from these weights (a fresh optimiser)
+    max_pixels: int = 28 * 28 * 1024
+    curriculum: list[CurriculumPhase] = field(default_factory=lambda: [
+        CurriculumPhase(stage.name, 600) for stage in synthetic.CURRICULUM
+    ])
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "TrainConfig":
+        raw = yaml.safe_load(Path(path).read_text()) or {}
+        unknown = set(raw) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"{path}: unknown training settings {sorted(unknown)}")
+        if "curriculum" in raw:
+            raw["curriculum"] = [CurriculumPhase(**phase) for phase in raw["curriculum"]]
+        config = cls(**raw)
+        config.validate()
+        return config
+
+    def validate(self) -> None:
+        if self.size not in SIZES:
+            raise ValueError(f"size must be one of {sorted(SIZES)}, got {self.size!r}")
+        Objective(self.objective)
+        for phase in self.curriculum:
+            synthetic.stage_by_name(phase.stage)
+            Objective(phase.objective or self.objective)
+        if not self.curriculum:
+            raise ValueError("curriculum must have at least one phase")
+
+    def phase_at(self, step: int) -> int:
+        start = 0
+        for index, phase in enumerate(self.curriculum):
+            start += phase.steps
+            if step < start:
+                return index
+        return len(self.curriculum) - 1
+
+    def objective_at(self, step: int) -> Objective:
+        return Objective(self.curriculum[self.phase_at(step)].objective or self.objective)
+
+    def resolved_threads(self) -> int:
+        return self.threads or int(os.environ.get("GRAVITYOCR_THREADS", "1"))
+
+
+@dataclass
+class TrainProgress:
+    step: int
+    loss: float
+    ar_loss: float
+    denoise_loss: float
+    shuffled_loss: float | None
+    samples_per_second: float
+    phase: str
+
+
+def sample_for_step(config: TrainConfig, step: int, index: int) -> tuple[int, synthetic.CurriculumStage]:
+    """Which crop the index-th sample of `step` is: deterministic, so a resumed run sees
+    exactly the data an uninterrupted one would."""
+    seed = config.seed * 1_000_003 + step * config.batch_size + index
+    rng = random.Random(seed)
+    phase = config.phase_at(step)
+    if phase > 0 and rng.random() < config.replay_fraction:
+        phase = rng.randrange(phase)
+    return seed % 10**9, synthetic.stage_by_name(config.curriculum[phase].stage)
+
+
+def encode_crop(processor: OcrProcessor, crop: synthetic.SyntheticCrop) -> TrainingSample:
+    prompt = processor.encode(crop.image, crop.type)
+    target = processor.tokenizer.encode(crop.text, add_special_tokens=False) + processor.eos_token_ids
+    return TrainingSample(prompt, target)
+
+
+class CropBatches(torch.utils.data.IterableDataset):
+    """Renders and encodes the batches of steps [start, end) in a worker process."""
+
+    def __init__(self, config: TrainConfig, processor: OcrProcessor, start: int):
+        self.config, self.processor, self.start = config, processor, start
+
+    def __iter__(self) -> Iterator[list[TrainingSample]]:
+        for step in range(self.start, self.config.steps):
+            batch = []
+            for index in range(self.config.batch_size):
+                seed, stage = sample_for_step(self.config, step, index)
+                batch.append(encode_crop(self.processor, synthetic.generate_crop(seed, stage)))
+            yield batch
+
+
+def rescale_fresh_model(model: GravityOcrForConditionalGeneration) -> None:
+    """Init scales that let a from-scratch model use its image (measured: GLM's post-block
+    norms with gain 1 swamp token vectors initialised at std 0.02)."""
+    with torch.no_grad():
+        model.get_input_embeddings().weight.normal_(0.0, 0.1)
+        model.mask_embedding.normal_(0.0, 0.1)
+        for layer in model.model.language_model.layers:
+            layer.post_self_attn_layernorm.weight.fill_(0.05)
+            layer.post_mlp_layernorm.weight.fill_(0.05)
+
+
+def build_fresh_recognizer(config: TrainConfig) -> Recognizer:
+    torch.manual_seed(config.seed)
+    tokenizer = build_char_tokenizer()
+    model = GravityOcrForConditionalGeneration(build_config(tokenizer, SIZES[config.size]))
+    rescale_fresh_model(model)
+    image_processor = make_image_processor(patch_size=model.config.vision_config.patch_size,
+                                           max_pixels=config.max_pixels)
+    processor = OcrProcessor(tokenizer, image_processor, max_context=model.config.text_config.max_position_embeddings)
+    return Recognizer(model, processor)
+
+
+def parameter_groups(model: GravityOcrForConditionalGeneration, config: TrainConfig) -> list[dict]:
+    vision_weights, decoder = [], []
+    for name, parameter in model.named_parameters():
+        if name.startswith("model.visual."):
+            if name.endswith(".bias"):
+                parameter.requires_grad_(False)  # measured: trainable vision biases feed the collapse
+            else:
+                vision_weights.append(parameter)
+        else:
+            decoder.append(parameter)
+    return [
+        {"params": decoder, "lr_scale": 1.0},
+        {"params": vision_weights, "lr_scale": config.vision_lr_scale},
+    ]
+
+
+def learning_rate(config: TrainConfig, step: int) -> float:
+    if step < config.warmup_steps:
+        return config.learning_rate * (step + 1) / config.warmup_steps
+    progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
+    cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    return config.min_learning_rate + (config.learning_rate - config.min_learning_rate) * cosine
+
+
+def set_vision_trainable(model: GravityOcrForConditionalGeneration, trainable: bool) -> None:
+    for name, parameter in model.model.visual.named_parameters():
+        parameter.requires_grad_(trainable and not name.endswith(".bias"))
+
+
+class Trainer:
+    def __init__(self, config: TrainConfig):
+        config.validate()
+        self.config = config
+        self.output = Path(config.output_dir)
+        self.checkpoint_dir = self.output / "checkpoint"
+        torch.set_num_threads(config.resolved_threads())
+        self.step = 0
+        # Corruption ratios and block offsets come from this generator alone, so that a
+        # resumed run draws exactly what an uninterrupted one would.
+        self.generator = torch.Generator().manual_seed(config.seed)
+        if (self.checkpoint_dir / "trainer_state.pt").exists():
+            self.recognizer = load_recognizer(self.checkpoint_dir)
+            self.recognizer.model.train()
+        elif config.init_from:
+            self.recognizer = load_recognizer(config.init_from)
+            self.recognizer.model.train()
+        else:
+            self.recognizer = build_fresh_recognizer(config)
+        self.model = self.recognizer.model.to(config.device).train()
+        self.optimizer = torch.optim.AdamW(parameter_groups(self.model, config), lr=config.learning_rate,
+                                           weight_decay=config.weight_decay)
+        if (self.checkpoint_dir / "trainer_state.pt").exists():
+            state = torch.load(self.checkpoint_dir / "trainer_state.pt", weights_only=False)
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.step = state["step"]
+            self.generator.set_state(state["generator"])
+        self.log_path = self.output / "train_log.jsonl"
+
+    def _vision_trainable_now(self) -> bool:
+        return self.step >= self.config.vision_frozen_steps
+
+    def train_step(self, batch: list[TrainingSample]) -> tuple[float, float, float]:
+        set_vision_trainable(self.model, self._vision_trainable_now())
+        lr = learning_rate(self.config, self.step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr * group["lr_scale"]
+        objective = self.config.objective_at(self.step)
+        joint = build_joint_batch(self.model, batch, objective, self.config.block_size, generator=self.generator)
+        parts = joint_loss(self.model, joint, objective)
+        self.optimizer.zero_grad(set_to_none=True)
+        parts.total.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.clip_norm)
+        self.optimizer.step()
+        return parts.total.item(), parts.ar.item(), parts.denoise.item()
+
+    @torch.no_grad()
+    def shuffled_image_loss(self, batch: list[TrainingSample]) -> float:
+        """AR loss with each sample given another sample's image (rolled prompts keep lengths
+        consistent): equal to the real loss while the model ignores the image."""
+        rolled = [TrainingSample(batch[(i + 1) % len(batch)].prompt, sample.target_ids) for i, sample in enumerate(batch)]
+        joint = build_joint_batch(self.model, rolled, Objective.AR_ONLY, self.config.block_size)
+        return joint_loss(self.model, joint, Objective.AR_ONLY).ar.item()
+
+    def save_checkpoint(self) -> None:
+        staging = self.output / "checkpoint.tmp"
+        shutil.rmtree(staging, ignore_errors=True)
+        save_recognizer(self.recognizer, staging)
+        torch.save({"optimizer": self.optimizer.state_dict(), "step": self.step,
+                    "generator": self.generator.get_state(), "config": dataclasses.asdict(self.config)},
+                   staging / "trainer_state.pt")
+        previous = self.output / "checkpoint.old"
+        shutil.rmtree(previous, ignore_errors=True)
+        if self.checkpoint_dir.exists():
+            self.checkpoint_dir.rename(previous)
+        staging.rename(self.checkpoint_dir)
+        shutil.rmtree(previous, ignore_errors=True)
+
+    def run(self, progress_bar: bool = True) -> list[TrainProgress]:
+        self.output.mkdir(parents=True, exist_ok=True)
+        (self.output / "train_config.json").write_text(json.dumps(dataclasses.asdict(self.config), indent=2))
+        loader = torch.utils.data.DataLoader(
+            CropBatches(self.config, self.recognizer.processor, self.step), batch_size=None,
+            num_workers=1, prefetch_factor=4, persistent_workers=False,
+        )
+        history: list[TrainProgress] = []
+        bar = tqdm(total=self.config.steps, initial=self.step, disable=not progress_bar, unit="step", dynamic_ncols=True)
+        started = time.perf_counter()
+        first_step = self.step
+        with self.log_path.open("a") as log:
+            for batch in loader:
+                loss, ar, denoise = self.train_step(batch)
+                shuffled = None
+                if self.step % self.config.shuffled_loss_every == 0:
+                    shuffled = self.shuffled_image_loss(batch)
+                self.step += 1
+                elapsed = time.perf_counter() - started
+                rate = (self.step - first_step) * self.config.batch_size / max(elapsed, 1e-9)
+                record = TrainProgress(self.step, loss, ar, denoise, shuffled, rate,
+                                       self.config.curriculum[self.config.phase_at(self.step - 1)].stage)
+                history.append(record)
+                log.write(json.dumps(dataclasses.asdict(record)) + "\n")
+                log.flush()
+                postfix = {"loss": f"{loss:.3f}", "ar": f"{ar:.3f}", "samples/s": f"{rate:.1f}", "phase": record.phase}
+                if shuffled is not None:
+                    postfix["ar_shuffled"] = f"{shuffled:.3f}"
+                bar.set_postfix(postfix)
+                bar.update(1)
+                if self.step % self.config.checkpoint_every == 0 or self.step == self.config.steps:
+                    self.save_checkpoint()
+        bar.close()
+        return history
+
+
+def export_weights(checkpoint: str | Path, destination: str | Path, dtype: torch.dtype = torch.float16) -> None:
+    """A weights-only snapshot (half precision by default) to commit or to continue from."""
+    recognizer = load_recognizer(checkpoint)
+    recognizer.model.to(dtype)
+    save_recognizer(recognizer, destination)
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--config", help="YAML file of TrainConfig settings")
+    parser.add_argument("--output-dir", help="where checkpoints and the log go (overrides the config)")
+    parser.add_argument("--steps", type=int, help="total steps (overrides the config)")
+    parser.add_argument("--threads", type=int, help="torch threads (overrides the config)")
+    parser.add_argument("--export", metavar="DIR", help="after training, write a float16 weights-only snapshot here")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (logs still go to train_log.jsonl)")
+
+
+def run(args) -> int:
+    config = TrainConfig.from_file(args.config) if args.config else TrainConfig()
+    if args.output_dir:
+        config.output_dir = args.output_dir
+    if args.steps:
+        config.steps = args.steps
+    if args.threads:
+        config.threads = args.threads
+    trainer = Trainer(config)
+    if trainer.step:
+        print(f"resuming {config.output_dir} from step {trainer.step}")
+    trainer.run(progress_bar=not args.no_progress)
+    if args.export:
+        export_weights(trainer.checkpoint_dir, args.export)
+    return 0

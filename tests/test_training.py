@@ -1,0 +1,76 @@
+"""`gravityocr train`: checkpoints as it goes, and a resumed run equals an uninterrupted one."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from gravityocr.cli import main
+from gravityocr.model.training import CurriculumPhase, TrainConfig, Trainer
+
+CONFIG_YAML = """
+size: tiny
+steps: 4
+batch_size: 2
+warmup_steps: 1
+checkpoint_every: 2
+shuffled_loss_every: 2
+vision_frozen_steps: 2
+threads: 1
+curriculum:
+  - {stage: mono-2-5, steps: 2, objective: ar_only}
+  - {stage: mono-3-11, steps: 2}
+"""
+
+
+def _weights(run_dir):
+    return load_file(str(run_dir / "checkpoint" / "model.safetensors"))
+
+
+@pytest.mark.timeout(300)
+def test_resumed_run_equals_uninterrupted_run(tmp_path):
+    config_file = tmp_path / "train.yaml"
+    config_file.write_text(CONFIG_YAML)
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    assert main(["train", "--config", str(config_file), "--output-dir", str(straight), "--no-progress"]) == 0
+    assert main(["train", "--config", str(config_file), "--output-dir", str(resumed), "--no-progress",
+                 "--steps", "2"]) == 0
+    assert (resumed / "checkpoint" / "trainer_state.pt").exists()
+    assert main(["train", "--config", str(config_file), "--output-dir", str(resumed), "--no-progress"]) == 0
+    a, b = _weights(straight), _weights(resumed)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    log = [json.loads(line) for line in (resumed / "train_log.jsonl").read_text().splitlines()]
+    assert [record["step"] for record in log] == [1, 2, 3, 4]
+    assert log[0]["denoise_loss"] == 0.0 and log[3]["denoise_loss"] > 0  # AR-only phase, then joint
+    assert log[0]["shuffled_loss"] is not None
+
+
+def test_vision_tower_starts_frozen_and_biases_stay_frozen(tmp_path):
+    config = TrainConfig(output_dir=str(tmp_path), size="tiny", steps=2, batch_size=2, vision_frozen_steps=1,
+                         curriculum=[CurriculumPhase("mono-2-5", 2, "ar_only")], threads=1)
+    trainer = Trainer(config)
+    visual = trainer.model.model.visual
+    before = {name: p.detach().clone() for name, p in visual.named_parameters()}
+    trainer.run(progress_bar=False)
+    after = dict(visual.named_parameters())
+    changed = {name for name in before if not torch.equal(before[name], after[name].detach())}
+    assert changed, "vision weights must train once unfrozen"
+    assert not any(name.endswith(".bias") for name in changed)
+
+
+def test_bad_config_is_a_clear_error(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("size: huge\n")
+    with pytest.raises(ValueError, match="size must be one of"):
+        TrainConfig.from_file(bad)
+    bad.write_text("learning_rat: 0.1\n")
+    with pytest.raises(ValueError, match="unknown training settings"):
+        TrainConfig.from_file(bad)
+    bad.write_text("curriculum: [{stage: nonsense, steps: 3}]\n")
+    with pytest.raises((ValueError, KeyError)):
+        TrainConfig.from_file(bad)
