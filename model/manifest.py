@@ -1,0 +1,112 @@
+"""The evaluation data contract: a directory holding `manifest.jsonl` and the images it names.
+
+One JSON object per line: {"id", "image" (path relative to the directory), "type", "text"},
+type one of text | table | formula | page. Any evaluation set (the committed synthetic
+held-out set, or an independent one) is read the same way. A missing image file is not an
+error here: the evaluator scores that item 0 and lists it, so one lost file cannot hide
+the rest of a run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from PIL import Image
+
+MANIFEST_NAME = "manifest.jsonl"
+MANIFEST_TYPES = ("text", "table", "formula", "page")
+_KEYS = ("id", "image", "type", "text")
+
+
+@dataclass
+class ManifestItem:
+    id: str
+    image_path: Path  # absolute
+    type: str
+    text: str  # the reference
+
+    def load_image(self) -> Image.Image:
+        """The image as RGB (the set may store grayscale PNGs to stay small)."""
+        with Image.open(self.image_path) as image:
+            return image.convert("RGB")
+
+
+def _manifest_file(directory: str | os.PathLike) -> Path:
+    return Path(directory) / MANIFEST_NAME
+
+
+def read_manifest(directory: str | os.PathLike) -> list[ManifestItem]:
+    """All items of the set in `directory`; ValueError naming the line for anything malformed."""
+    directory = Path(directory).resolve()
+    path = _manifest_file(directory)
+    items: list[ManifestItem] = []
+    seen: set[str] = set()
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}, line {number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{where}: not valid JSON ({error.msg})") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
+        missing = [key for key in _KEYS if key not in record]
+        if missing:
+            raise ValueError(f"{where}: missing key(s) {missing}")
+        wrong = [key for key in _KEYS if not isinstance(record[key], str)]
+        if wrong:
+            raise ValueError(f"{where}: key(s) {wrong} must be strings")
+        if record["type"] not in MANIFEST_TYPES:
+            raise ValueError(f"{where}: unknown type {record['type']!r}; expected one of {list(MANIFEST_TYPES)}")
+        if record["id"] in seen:
+            raise ValueError(f"{where}: duplicate id {record['id']!r}")
+        seen.add(record["id"])
+        items.append(ManifestItem(record["id"], directory / record["image"], record["type"], record["text"]))
+    return items
+
+
+def write_manifest(directory: str | os.PathLike, items: Iterable[ManifestItem]) -> Path:
+    """Write `manifest.jsonl` for items whose images lie inside `directory`."""
+    directory = Path(directory).resolve()
+    directory.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for item in items:
+        if item.type not in MANIFEST_TYPES:
+            raise ValueError(f"item {item.id!r}: unknown type {item.type!r}")
+        relative = Path(os.path.relpath(Path(item.image_path).resolve(), directory)).as_posix()
+        record = {"id": item.id, "image": relative, "type": item.type, "text": item.text}
+        lines.append(json.dumps(record, ensure_ascii=False))
+    path = _manifest_file(directory)
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def save_crop_image(image: Image.Image, path: Path) -> None:
+    """PNG, grayscale when the image has no colour (synthetic crops never do): a fraction of the size."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rgb = image.convert("RGB")
+    r, g, b = rgb.split()
+    gray = r if r.tobytes() == g.tobytes() == b.tobytes() else None
+    (gray if gray is not None else rgb).save(path, format="PNG", optimize=True)
+
+
+def write_synthetic_set(directory: str | os.PathLike, seed: int, n: int, stage, kind: str | None = None,
+                        id_prefix: str = "synthetic") -> list[ManifestItem]:
+    """Render crops for seeds seed..seed+n-1 to `images/<id>.png` and write their manifest."""
+    from .synthetic import generate_crop  # rendering is only needed when writing a set
+
+    directory = Path(directory).resolve()
+    items = []
+    for offset in range(n):
+        crop = generate_crop(seed + offset, stage, kind)
+        item_id = f"{id_prefix}-{seed + offset}"
+        path = directory / "images" / f"{item_id}.png"
+        save_crop_image(crop.image, path)
+        items.append(ManifestItem(item_id, path, crop.type, crop.text))
+    write_manifest(directory, items)
+    return items
