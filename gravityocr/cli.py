@@ -28,11 +28,12 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser("train", help="train a recogniser with the joint objective")
     _lazy(train, "gravityocr.model.training")
+    evaluate = commands.add_parser("eval", help="score a recogniser on an evaluation manifest directory")
+    _lazy(evaluate, "gravityocr.model.evaluation")
     for name, help_text in [
         ("batch", "OCR every document under INPUT into OUTPUT (local, file:// or s3://) on Ray"),
         ("ocr", "OCR local files in-process and print or write markdown/JSON"),
         ("serve", "serve the OCR HTTP API on Ray Serve"),
-        ("eval", "score a recogniser on an evaluation manifest directory"),
     ]:
         sub = commands.add_parser(name, help=help_text, add_help=False)
         sub.set_defaults(run=_not_yet(name))

@@ -16,6 +16,10 @@ from .modeling import GravityOcrForConditionalGeneration
 from .processor import CHAR_TEMPLATE, GLM_OCR_TEMPLATE, OcrProcessor
 
 
+# The shipped default recogniser, committed in the repository (Hugging Face format).
+DEFAULT_MODEL_DIR = Path(__file__).resolve().parent / "default"
+
+
 @dataclass
 class Recognizer:
     model: GravityOcrForConditionalGeneration

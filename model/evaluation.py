@@ -1,0 +1,160 @@
+"""`gravityocr eval DIR`: score a recogniser on an evaluation manifest directory.
+
+Every item is decoded by the batched engine in self-speculative mode; with `--check-exact`
+the same items are decoded again in plain AR mode, and `exact` says whether every
+output is identical. An item whose image cannot be read scores 0 and is listed.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from .engine import Engine, EngineConfig, Request
+from .loading import DEFAULT_MODEL_DIR, Recognizer, load_recognizer
+from .manifest import ManifestItem, read_manifest
+from .metrics import score
+from .processor import InvalidInput
+
+# Response budgets by content type (tokens; the character tokenizer spends one per character).
+MAX_NEW_TOKENS = {"text": 256, "table": 512, "formula": 256, "page": 1024}
+PAGE_TASK = "text"  # a whole page crop is read with the text prompt
+
+
+@dataclass
+class ItemOutcome:
+    id: str
+    type: str
+    score: float
+    prediction: str
+    committed_tokens: int = 0
+    forward_passes: int = 0
+    accepted_per_round: list[int] = field(default_factory=list)
+    error: str | None = None
+
+
+@dataclass
+class EvalReport:
+    n: int
+    overall: float
+    scores: dict[str, float]  # mean score per type present
+    tpf: float  # committed tokens / forward passes over all items
+    accepted_per_round: dict[str, float]  # mean accepted drafts per round, by type
+    unreadable: list[dict]  # {"id", "error"} of items scored 0 because they could not be read
+    exact: bool | None  # every spec output equal to AR output (None: not checked)
+    items: list[ItemOutcome]
+
+    def to_json(self) -> dict:
+        summary = {"n": self.n, "overall": self.overall, **self.scores, "tpf": self.tpf,
+                   "accepted_per_round": self.accepted_per_round, "unreadable": self.unreadable}
+        if self.exact is not None:
+            summary["exact"] = self.exact
+        return summary
+
+
+def _decode_all(recognizer: Recognizer, items: list[ManifestItem], mode: str, batch_size: int,
+                block_size: int) -> tuple[dict[str, object], dict[str, str]]:
+    """Engine results by item id, and the read errors of items that never reached it."""
+    processor = recognizer.processor
+    requests, errors = [], {}
+    for item in items:
+        task = PAGE_TASK if item.type == "page" else item.type
+        try:
+            prompt = processor.encode(item.load_image(), task)
+        except (OSError, InvalidInput, ValueError) as error:
+            errors[item.id] = f"{type(error).__name__}: {error}"
+            continue
+        requests.append(Request(item.id, prompt, MAX_NEW_TOKENS[item.type]))
+    longest = max((r.prompt.length + r.max_new_tokens for r in requests), default=2)
+    model = recognizer.model
+    engine = Engine(model, EngineConfig(max_batch_size=batch_size, max_seq_len=longest, block_size=block_size,
+                                        mode=mode, device=str(model.device), dtype=model.dtype,
+                                        num_threads=torch.get_num_threads()),
+                    eos_token_ids=processor.eos_token_ids, tokenizer=processor.tokenizer)
+    results = {r.request_id: r for r in engine.generate(requests)} if requests else {}
+    return results, errors
+
+
+def evaluate(recognizer: Recognizer, items: list[ManifestItem], batch_size: int = 32, block_size: int = 32,
+             check_exact: bool = False) -> EvalReport:
+    results, errors = _decode_all(recognizer, items, "spec", batch_size, block_size)
+    exact = None
+    if check_exact:
+        ar_results, _ = _decode_all(recognizer, items, "ar", batch_size, block_size)
+        exact = all(results[i].token_ids == ar_results[i].token_ids for i in results)
+    outcomes = []
+    for item in items:
+        if item.id in errors:
+            outcomes.append(ItemOutcome(item.id, item.type, 0.0, "", error=errors[item.id]))
+            continue
+        result = results[item.id]
+        prediction = recognizer.processor.decode(result.token_ids)
+        outcomes.append(ItemOutcome(item.id, item.type, score(item.type, prediction, item.text), prediction,
+                                    result.stats.committed_tokens, result.stats.forward_passes,
+                                    list(result.stats.accepted_per_round)))
+    return summarize(outcomes, exact)
+
+
+def summarize(outcomes: list[ItemOutcome], exact: bool | None) -> EvalReport:
+    by_type: dict[str, list[ItemOutcome]] = defaultdict(list)
+    for outcome in outcomes:
+        by_type[outcome.type].append(outcome)
+    scores = {t: statistics.fmean(o.score for o in group) for t, group in sorted(by_type.items())}
+    accepted = {}
+    for t, group in sorted(by_type.items()):
+        rounds = [a for o in group for a in o.accepted_per_round]
+        accepted[t] = statistics.fmean(rounds) if rounds else 0.0
+    committed = sum(o.committed_tokens for o in outcomes)
+    passes = sum(o.forward_passes for o in outcomes)
+    return EvalReport(
+        n=len(outcomes),
+        overall=statistics.fmean(scores.values()) if scores else 0.0,
+        scores=scores,
+        tpf=committed / passes if passes else 0.0,
+        accepted_per_round=accepted,
+        unreadable=[{"id": o.id, "error": o.error} for o in outcomes if o.error],
+        exact=exact,
+        items=outcomes,
+    )
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("directory", help="evaluation directory with manifest.jsonl")
+    parser.add_argument("--model", default=str(DEFAULT_MODEL_DIR), help="model directory or hub name")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--block-size", type=int, default=32)
+    parser.add_argument("--limit", type=int, help="only the first N items")
+    parser.add_argument("--check-exact", action="store_true", help="also decode with plain AR and compare outputs")
+    parser.add_argument("--threads", type=int, help="torch threads (default: all the process may use)")
+    parser.add_argument("--items", metavar="FILE", help="write per-item outcomes as JSON lines here")
+
+
+def run(args) -> int:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    items = read_manifest(args.directory)
+    if args.limit:
+        items = items[:args.limit]
+    recognizer = load_recognizer(args.model)
+    report = evaluate(recognizer, items, args.batch_size, args.block_size, args.check_exact)
+    if args.items:
+        with open(args.items, "w") as stream:
+            for outcome in report.items:
+                stream.write(json.dumps(asdict(outcome)) + "\n")
+    if args.json:
+        print(json.dumps(report.to_json()))
+    else:
+        print(f"items: {report.n}   overall: {report.overall:.4f}   tpf: {report.tpf:.2f}")
+        for kind, value in report.scores.items():
+            print(f"  {kind:8s} score {value:.4f}   accepted/round {report.accepted_per_round[kind]:.2f}")
+        if report.exact is not None:
+            print(f"  spec == AR on every item: {report.exact}")
+        for entry in report.unreadable:
+            print(f"  unreadable {entry['id']}: {entry['error']}", file=sys.stderr)
+    return 0

@@ -1,0 +1,42 @@
+"""`gravityocr eval`: scores per type, TPF, exactness check, unreadable items listed as 0."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from gravityocr.cli import main
+from gravityocr.model.loading import Recognizer, save_recognizer
+from gravityocr.model.manifest import ManifestItem, write_manifest
+
+from conftest import OVERFIT_TEXTS, random_image
+
+
+def test_eval_json_on_a_trained_tiny_model(tmp_path, trained_tiny_model, processor, capsys):
+    model_dir = tmp_path / "model"
+    save_recognizer(Recognizer(trained_tiny_model.to(torch.float32), processor), model_dir)
+    trained_tiny_model.to(torch.float64)
+    data = tmp_path / "data"
+    (data / "images").mkdir(parents=True)
+    items = []
+    for i, (text, kind) in enumerate(zip(OVERFIT_TEXTS, ["text", "table", "formula"])):
+        random_image(100 + i, 84 + 28 * i, 56).save(data / "images" / f"{i}.png")
+        items.append(ManifestItem(f"item-{i}", data / "images" / f"{i}.png", kind, text))
+    (data / "images" / "broken.png").write_bytes(b"this is not a png")
+    items.append(ManifestItem("broken", data / "images" / "broken.png", "text", "anything"))
+    items.append(ManifestItem("missing", data / "images" / "missing.png", "text", "anything"))
+    write_manifest(data, items)
+
+    assert main(["eval", str(data), "--model", str(model_dir), "--json", "--check-exact", "--block-size", "16"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["n"] == 5
+    assert report["exact"] is True
+    assert report["table"] == 1.0 and report["formula"] == 1.0  # memorised
+    assert report["text"] == 1.0 / 3  # the memorised line, then two unreadable items scored 0
+    assert {entry["id"] for entry in report["unreadable"]} == {"broken", "missing"}
+    assert report["overall"] == pytest.approx((report["text"] + report["table"] + report["formula"]) / 3)
+    assert report["tpf"] > 1.5
+    assert set(report["accepted_per_round"]) == {"text", "table", "formula"}
+    assert all(0 <= report[k] <= 1 for k in ("overall", "text", "table", "formula"))
