@@ -272,8 +272,17 @@ class Trainer:
         staging.rename(self.checkpoint_dir)
         shutil.rmtree(previous, ignore_errors=True)
 
+    def _drop_log_records_after_checkpoint(self) -> None:
+        """Steps logged after the last checkpoint are redone on resume: keep one record per step."""
+        if not self.log_path.exists():
+            return
+        kept = [line for line in self.log_path.read_text().splitlines()
+                if line and json.loads(line)["step"] <= self.step]
+        self.log_path.write_text("".join(line + "\n" for line in kept))
+
     def run(self, progress_bar: bool = True) -> list[TrainProgress]:
         self.output.mkdir(parents=True, exist_ok=True)
+        self._drop_log_records_after_checkpoint()
         (self.output / "train_config.json").write_text(json.dumps(dataclasses.asdict(self.config), indent=2))
         loader = torch.utils.data.DataLoader(
             CropBatches(self.config, self.recognizer.processor, self.step), batch_size=None,

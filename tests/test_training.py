@@ -39,13 +39,15 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path):
     assert main(["train", "--config", str(config_file), "--output-dir", str(resumed), "--no-progress",
                  "--steps", "2"]) == 0
     assert (resumed / "checkpoint" / "trainer_state.pt").exists()
+    with (resumed / "train_log.jsonl").open("a") as log:  # a step done after the checkpoint, then killed
+        log.write(json.dumps({"step": 3, "loss": 0.0}) + "\n")
     assert main(["train", "--config", str(config_file), "--output-dir", str(resumed), "--no-progress"]) == 0
     a, b = _weights(straight), _weights(resumed)
     assert a.keys() == b.keys()
     for name in a:
         assert torch.equal(a[name], b[name]), name
     log = [json.loads(line) for line in (resumed / "train_log.jsonl").read_text().splitlines()]
-    assert [record["step"] for record in log] == [1, 2, 3, 4]
+    assert [record["step"] for record in log] == [1, 2, 3, 4]  # no step logged twice after the resume
     assert log[0]["denoise_loss"] == 0.0 and log[3]["denoise_loss"] > 0  # AR-only phase, then joint
     assert log[0]["shuffled_loss"] is not None
 
