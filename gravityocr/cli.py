@@ -30,8 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     _lazy(train, "gravityocr.model.training")
     evaluate = commands.add_parser("eval", help="score a recogniser on an evaluation manifest directory")
     _lazy(evaluate, "gravityocr.model.evaluation")
+    batch = commands.add_parser("batch", help="OCR every document under INPUT into OUTPUT (local, file:// or s3://) on Ray")
+    _lazy(batch, "gravityocr.pipelines.batch_job")
     for name, help_text in [
-        ("batch", "OCR every document under INPUT into OUTPUT (local, file:// or s3://) on Ray"),
         ("ocr", "OCR local files in-process and print or write markdown/JSON"),
         ("serve", "serve the OCR HTTP API on Ray Serve"),
     ]:

@@ -1,0 +1,344 @@
+"""`gravityocr batch INPUT OUTPUT`: the Ray Data job from object storage to object storage.
+
+Stages, streaming:
+  documents (listed by the driver)
+  -> render: CPU tasks, one row per page (PNG bytes); a bad document becomes one error
+     row (page 0), never a failed job or a silently dropped block
+  -> read: an autoscaling pool of engine actors (layout, crops, batched self-speculative
+     decoding); GPUs requested only when the cluster has them
+  -> write: CPU tasks, one Parquet file per page under a name derived from the input key
+The driver counts the written pages and, when all pages of a document are in, writes
+its markdown. A document is complete when its markdown exists: `--resume` skips those;
+everything else is redone under the same names, so nothing is duplicated.
+
+Output layout (KEY is the input key, extension kept so a.pdf and a.png never collide):
+  OUTPUT/markdown/KEY.md
+  OUTPUT/pages/KEY/page-00001.parquet   (page-00000: the document could not be read)
+  OUTPUT/_summary.json
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .storage import StorageLocation, exists, list_objects, read_bytes, resolve, write_atomic
+
+log = logging.getLogger(__name__)
+
+PAGE_SCHEMA = pa.schema([
+    ("document_id", pa.string()),
+    ("page_number", pa.int32()),
+    ("page_count", pa.int32()),
+    ("width", pa.int32()),
+    ("height", pa.int32()),
+    ("markdown", pa.string()),
+    ("regions_json", pa.string()),
+    ("committed_tokens", pa.int64()),
+    ("forward_passes", pa.int64()),
+    ("error_reason", pa.string()),
+    ("error_message", pa.string()),
+    ("mode", pa.string()),
+    ("node_id", pa.string()),  # the Ray node whose engine actor read the page
+])
+
+
+@dataclass
+class BatchJobConfig:
+    input_uri: str
+    output_uri: str
+    endpoint_url: str | None = None
+    address: str | None = None  # None: a local Ray started for the job
+    min_actors: int = 1
+    max_actors: int = 2
+    resume: bool = False
+    dpi: float = 150
+    mode: str = "spec"
+    model: str | None = None  # None: the shipped default
+    pages_per_batch: int = 4  # pages an engine actor reads in one engine batch
+    layout: str = "projection"
+    max_new_tokens: int | None = None  # cap on every region's output (None: the recogniser's defaults)
+    actor_resources: dict[str, float] = field(default_factory=dict)  # custom resources each engine actor needs
+
+
+@dataclass
+class BatchSummary:
+    documents: int = 0
+    documents_failed: int = 0
+    documents_skipped: int = 0  # complete from an earlier run (--resume)
+    pages: int = 0
+    page_errors: int = 0
+    seconds: float = 0.0
+    pages_per_second: float = 0.0
+    committed_tokens: int = 0
+    forward_passes: int = 0
+    tpf: float = 0.0
+    errors: list[dict] = field(default_factory=list)  # {"document_id", "page_number", "reason", "message"}
+
+
+def markdown_key(document_key: str) -> str:
+    return f"markdown/{document_key}.md"
+
+
+def page_key(document_key: str, page_number: int) -> str:
+    return f"pages/{document_key}/page-{page_number:05d}.parquet"
+
+
+# --- stage 1: render pages (CPU tasks) --------------------------------------------------
+
+def _error_row(document_id: str, page_number: int, reason: str, message: str) -> dict:
+    return {"document_id": document_id, "page_number": page_number, "page_count": 1, "png": None,
+            "width": 0, "height": 0, "dpi": 0.0, "error_reason": reason, "error_message": message}
+
+
+def render_document(row: dict, source: StorageLocation, dpi: float) -> list[dict]:
+    """One row per page of one document; any failure is an error row of its own."""
+    from .documents import DocumentError, open_document
+
+    key = row["key"]
+    rows = []
+    try:
+        document = open_document(key, read_bytes(source, key), dpi)
+        for page in document.pages():
+            buffer = io.BytesIO()
+            page.image.save(buffer, format="PNG", compress_level=1)
+            rows.append({"document_id": key, "page_number": page.page_number, "png": buffer.getvalue(),
+                         "width": page.width, "height": page.height, "dpi": float(page.dpi or 0),
+                         "error_reason": None, "error_message": None})
+    except DocumentError as error:
+        rows.append(_error_row(key, len(rows) + 1 if rows else 0, error.reason, error.message))
+    except Exception as error:  # noqa: BLE001 - reported per document, the job goes on
+        rows.append(_error_row(key, len(rows) + 1 if rows else 0, "unreadable", f"{type(error).__name__}: {error}"))
+    for out in rows:
+        out["page_count"] = len(rows)
+    return rows
+
+
+# --- stage 2: read pages (engine actors) --------------------------------------------------
+
+class PageReader:
+    """An engine actor: holds one recogniser and reads batches of pages with it."""
+
+    def __init__(self, model: str | None, mode: str, layout: str, dpi: float, threads: int,
+                 max_new_tokens: int | None):
+        import ray
+        import torch
+
+        from ..model.loading import DEFAULT_MODEL_DIR
+        from .page_ocr import PageOcr, PageOcrConfig
+        from .recognizer import CropRecognizer, RecognizerConfig
+
+        torch.set_num_threads(threads)
+        self.mode = mode
+        self.node_id = ray.get_runtime_context().get_node_id()
+        settings = RecognizerConfig(mode=mode)
+        recognizer = CropRecognizer.load(model or DEFAULT_MODEL_DIR,
+                                         settings.capped(max_new_tokens) if max_new_tokens else settings)
+        self.page_ocr = PageOcr(recognizer, PageOcrConfig(dpi=dpi, layout=layout))
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        from PIL import Image
+
+        from .assembly import page_markdown
+        from .documents import Page
+
+        rows = batch.to_pylist()
+        readable = [r for r in rows if r["error_reason"] is None]
+        pages = []
+        for r in readable:
+            image = Image.open(io.BytesIO(r["png"])).convert("RGB")
+            pages.append(Page(r["document_id"], r["page_number"], image, r["width"], r["height"], r["dpi"] or None))
+        results = iter(self.page_ocr.read_pages(pages)) if pages else iter(())
+        out = []
+        for r in rows:
+            record = {name: r.get(name) for name in PAGE_SCHEMA.names}
+            record["mode"] = self.mode
+            record["node_id"] = self.node_id
+            if r["error_reason"] is None:
+                result = next(results)
+                stats = [region.stats for region in result.regions if region.stats]
+                record.update(markdown=page_markdown(result), regions_json=json.dumps(result.to_dict()),
+                              committed_tokens=sum(s["committed_tokens"] for s in stats),
+                              forward_passes=sum(s["forward_passes"] for s in stats))
+                if result.error:
+                    record.update(error_reason="layout_failed", error_message=result.error)
+            else:
+                record.update(markdown="", regions_json="null", committed_tokens=0, forward_passes=0)
+            out.append(record)
+        return pa.Table.from_pylist(out, schema=PAGE_SCHEMA)
+
+
+# --- stage 3: write pages (CPU tasks) -----------------------------------------------------
+
+def write_pages(batch: pa.Table, destination: StorageLocation) -> pa.Table:
+    """Each page row to its own Parquet file (atomic, deterministic name); passes on the
+    row without the regions for the driver's bookkeeping."""
+    for index in range(batch.num_rows):
+        row = batch.slice(index, 1)
+        buffer = io.BytesIO()
+        pq.write_table(row, buffer)
+        write_atomic(destination, page_key(row["document_id"][0].as_py(), row["page_number"][0].as_py()),
+                     buffer.getvalue())
+    return batch.drop_columns(["regions_json"])
+
+
+# --- the driver --------------------------------------------------------------------------
+
+def _cluster_resources() -> tuple[float, float]:
+    import ray
+
+    resources = ray.cluster_resources()
+    return float(resources.get("CPU", 1)), float(resources.get("GPU", 0))
+
+
+def actor_resources(cpus: float, gpus: float, max_actors: int) -> dict:
+    """Engine actors take a GPU each where the cluster has GPUs; on CPU nodes they leave at
+    least one CPU to the render and write tasks (a 2-CPU node with two 1-CPU actors would
+    starve those tasks and hang without a word)."""
+    if gpus >= 1:
+        return {"num_gpus": 1, "num_cpus": 1}
+    share = (cpus - 1) / max(1, max_actors)
+    return {"num_cpus": round(max(0.25, min(1.0, share)), 2)}
+
+
+def _document_markdown(pages: list[dict]) -> str:
+    parts = []
+    for page in sorted(pages, key=lambda p: p["page_number"]):
+        if page["error_reason"] and page["page_number"] == 0:
+            parts.append(f"<!-- document not read ({page['error_reason']}): {page['error_message']} -->")
+            continue
+        body = page["markdown"] or ""
+        if page["error_reason"]:
+            body = f"<!-- page {page['page_number']} ({page['error_reason']}): {page['error_message']} -->\n\n{body}"
+        parts.append(f"<!-- page {page['page_number']} -->\n\n{body}".rstrip() if len(pages) > 1 else body.rstrip())
+    return "\n\n".join(parts).strip() + "\n"
+
+
+# The job submitter's storage credentials travel to the tasks and actors that read and
+# write storage (on KubeRay the pods may also carry them from a Secret).
+FORWARDED_ENVIRONMENT = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION",
+                         "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_PROFILE")
+
+
+def _storage_runtime_env() -> dict | None:
+    env_vars = {name: os.environ[name] for name in FORWARDED_ENVIRONMENT if name in os.environ}
+    return {"env_vars": env_vars} if env_vars else None
+
+
+def run_batch_job(config: BatchJobConfig) -> BatchSummary:
+    import ray
+
+    started = time.perf_counter()
+    source = resolve(config.input_uri, config.endpoint_url)
+    destination = resolve(config.output_uri, config.endpoint_url)
+    documents = list_objects(source)
+    summary = BatchSummary(documents=len(documents))
+    if config.resume:
+        todo = [d for d in documents if not exists(destination, markdown_key(d.key))]
+        summary.documents_skipped = len(documents) - len(todo)
+    else:
+        todo = documents
+
+    if todo:
+        if not ray.is_initialized():
+            ray.init(address=config.address, log_to_driver=False)
+        cpus, gpus = _cluster_resources()
+        resources = actor_resources(cpus, gpus, config.max_actors)
+        threads = max(1, int(resources["num_cpus"]))
+        ctx = ray.data.DataContext.get_current()
+        ctx.enable_progress_bars = False
+        runtime_env = _storage_runtime_env()
+        dataset = (
+            ray.data.from_items([{"key": d.key} for d in todo], override_num_blocks=len(todo))
+            .flat_map(render_document, fn_kwargs={"source": source, "dpi": config.dpi}, num_cpus=0.5,
+                      runtime_env=runtime_env)
+            .map_batches(
+                PageReader,
+                fn_constructor_kwargs={"model": config.model, "mode": config.mode, "layout": config.layout,
+                                       "dpi": config.dpi, "threads": threads, "max_new_tokens": config.max_new_tokens},
+                batch_size=config.pages_per_batch, batch_format="pyarrow",
+                # Ray Data restarts a dead engine actor and retries its batch (max_restarts and
+                # max_task_retries default to -1 for actor pools): a killed actor loses no page.
+                compute=ray.data.ActorPoolStrategy(min_size=config.min_actors, max_size=config.max_actors),
+                resources=config.actor_resources or None,
+                runtime_env=runtime_env,
+                **resources,
+            )
+            .map_batches(write_pages, fn_kwargs={"destination": destination}, batch_format="pyarrow",
+                         batch_size=None, num_cpus=0.25, runtime_env=runtime_env)
+        )
+        by_document: dict[str, list[dict]] = defaultdict(list)
+        for row in dataset.iter_rows():
+            by_document[row["document_id"]].append(row)
+            pages = by_document[row["document_id"]]
+            if len(pages) == row["page_count"]:
+                _finish_document(destination, row["document_id"], pages, summary)
+    summary.seconds = time.perf_counter() - started
+    summary.pages_per_second = summary.pages / summary.seconds if summary.seconds else 0.0
+    summary.tpf = summary.committed_tokens / summary.forward_passes if summary.forward_passes else 0.0
+    write_atomic(destination, "_summary.json", json.dumps(asdict(summary), indent=2).encode())
+    return summary
+
+
+def _finish_document(destination: StorageLocation, document_id: str, pages: list[dict], summary: BatchSummary) -> None:
+    document_failed = any(p["page_number"] == 0 for p in pages)
+    for page in pages:
+        summary.committed_tokens += page["committed_tokens"] or 0
+        summary.forward_passes += page["forward_passes"] or 0
+        if page["error_reason"]:
+            summary.errors.append({"document_id": document_id, "page_number": page["page_number"],
+                                   "reason": page["error_reason"], "message": page["error_message"]})
+        if page["page_number"] > 0:
+            summary.pages += 1
+            summary.page_errors += bool(page["error_reason"])
+    if document_failed:
+        summary.documents_failed += 1
+        return  # no markdown: a later --resume tries the document again
+    write_atomic(destination, markdown_key(document_id), _document_markdown(pages).encode())
+
+
+# --- CLI -----------------------------------------------------------------------------------
+
+def add_arguments(parser) -> None:
+    parser.add_argument("input", help="local folder, file://… or s3://bucket/prefix of PDFs and images")
+    parser.add_argument("output", help="local folder, file://… or s3://bucket/prefix for markdown and Parquet")
+    parser.add_argument("--address", help="Ray cluster address (default: a local Ray started for the job)")
+    parser.add_argument("--endpoint-url", help="S3-compatible endpoint (MinIO, Ceph, …); default AWS_ENDPOINT_URL")
+    parser.add_argument("--min-actors", type=int, default=1)
+    parser.add_argument("--max-actors", type=int, default=2)
+    parser.add_argument("--resume", action="store_true", help="skip documents whose outputs are complete")
+    parser.add_argument("--dpi", type=float, default=150)
+    parser.add_argument("--mode", choices=("spec", "ar"), default="spec")
+    parser.add_argument("--model", help="model directory or hub name (default: the shipped model)")
+    parser.add_argument("--pages-per-batch", type=int, default=4)
+    parser.add_argument("--layout", default="projection")
+    parser.add_argument("--max-new-tokens", type=int, help="cap on the tokens read per region")
+    parser.add_argument("--actor-resources", type=json.loads, default={},
+                        help='custom Ray resources each engine actor needs, as JSON, e.g. \'{"engine": 1}\'')
+
+
+def run(args) -> int:
+    if args.min_actors < 1 or args.max_actors < args.min_actors:
+        raise SystemExit(f"need 1 <= --min-actors <= --max-actors, got {args.min_actors}, {args.max_actors}")
+    config = BatchJobConfig(
+        input_uri=args.input, output_uri=args.output, endpoint_url=args.endpoint_url, address=args.address,
+        min_actors=args.min_actors, max_actors=args.max_actors, resume=args.resume, dpi=args.dpi, mode=args.mode,
+        model=args.model, pages_per_batch=args.pages_per_batch, layout=args.layout,
+        max_new_tokens=args.max_new_tokens, actor_resources=args.actor_resources,
+    )
+    summary = run_batch_job(config)
+    print(f"documents: {summary.documents} ({summary.documents_failed} failed, {summary.documents_skipped} "
+          f"already complete)   pages: {summary.pages} ({summary.page_errors} with errors)   "
+          f"{summary.pages_per_second:.2f} pages/s   TPF {summary.tpf:.2f}   {summary.seconds:.1f} s")
+    for error in summary.errors:
+        print(f"  error {error['document_id']} page {error['page_number']}: {error['reason']}: {error['message']}")
+    print(f"outputs: {config.output_uri}")
+    return 0

@@ -1,0 +1,180 @@
+"""`gravityocr batch` on a real local Ray cluster (two raylets) and a real S3 endpoint."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from gravityocr.model.loading import Recognizer, save_recognizer
+from gravityocr.pipelines import synthetic_pages
+from gravityocr.pipelines.batch_job import BatchJobConfig, run_batch_job
+
+from ray_cluster import ray_cluster  # noqa: F401  (fixture)
+from s3_endpoint import s3_endpoint  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.timeout(420)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, trained_tiny_model, processor):
+    """The tiny model that writes its memorised lines and stops: pages read in seconds."""
+    directory = tmp_path_factory.mktemp("model")
+    save_recognizer(Recognizer(trained_tiny_model.to(torch.float32), processor), directory)
+    trained_tiny_model.to(torch.float64)
+    return str(directory)
+
+
+def _png(page) -> bytes:
+    buffer = io.BytesIO()
+    page.image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def clean_documents() -> dict[str, bytes]:
+    # Fresh page images per format: PIL keeps encoder settings on an image it saved as PDF,
+    # and a later multi-frame TIFF save of the same objects fails.
+    return {
+        "reports/three-pages.pdf": synthetic_pages.pdf_bytes(synthetic_pages.sample_pages(3, seed=1)),
+        "scans/two-frames.tiff": synthetic_pages.tiff_bytes(synthetic_pages.sample_pages(2, seed=4)),
+        "one.png": _png(synthetic_pages.sample_pages(1, seed=5)[0]),
+    }
+
+
+def bad_documents() -> dict[str, bytes]:
+    png = _png(synthetic_pages.sample_pages(1, seed=2)[0])
+    pdf = synthetic_pages.pdf_bytes(synthetic_pages.sample_pages(1, seed=3))
+    return {"bad/corrupt.png": png[: len(png) // 3], "bad/truncated.pdf": pdf[: len(pdf) // 2], "bad/empty.pdf": b""}
+
+
+def _read_page_rows(s3, bucket, prefix):
+    rows = []
+    for item in s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", []):
+        if item["Key"].endswith(".parquet"):
+            body = s3.get_object(Bucket=bucket, Key=item["Key"])["Body"].read()
+            rows.extend(pq.read_table(io.BytesIO(body)).to_pylist())
+    return rows
+
+
+def test_s3_to_s3_on_two_raylets_with_bad_documents(ray_cluster, s3_endpoint, model_dir):
+    s3 = s3_endpoint.client()
+    s3.create_bucket(Bucket="corpus")
+    documents = {**clean_documents(), **bad_documents()}
+    for key, body in documents.items():
+        s3.put_object(Bucket="corpus", Key=f"incoming/{key}", Body=body)
+
+    summary = run_batch_job(BatchJobConfig(
+        input_uri="s3://corpus/incoming", output_uri="s3://corpus/results", endpoint_url=s3_endpoint.url,
+        address=ray_cluster.address, min_actors=2, max_actors=2, model=model_dir, pages_per_batch=1,
+        max_new_tokens=48, actor_resources={ray_cluster.node_resource: 1},
+    ))
+
+    assert summary.documents == 6 and summary.documents_failed == 3
+    assert summary.pages == 6  # 3 + 2 + 1 good pages
+    assert {e["document_id"] for e in summary.errors} == set(bad_documents())
+    assert {e["reason"] for e in summary.errors} <= {"corrupt", "empty_file", "no_pages", "unreadable"}
+    rows = _read_page_rows(s3, "corpus", "results/pages/")
+    good = [r for r in rows if r["error_reason"] is None]
+    assert sorted((r["document_id"], r["page_number"]) for r in good) == sorted(
+        [("reports/three-pages.pdf", n) for n in (1, 2, 3)] + [("scans/two-frames.tiff", n) for n in (1, 2)]
+        + [("one.png", 1)])
+    assert all(r["markdown"] and r["committed_tokens"] > 0 for r in good)
+    assert {r["document_id"] for r in rows if r["error_reason"]} == set(bad_documents())
+    assert len({r["node_id"] for r in good}) == 2, "engine actors must run on both raylets"
+    markdown = {o["Key"] for o in s3.list_objects_v2(Bucket="corpus", Prefix="results/markdown/")["Contents"]}
+    assert markdown == {f"results/markdown/{key}.md" for key in clean_documents()}
+    three = s3.get_object(Bucket="corpus", Key="results/markdown/reports/three-pages.pdf.md")["Body"].read().decode()
+    assert three.index("<!-- page 1 -->") < three.index("<!-- page 2 -->") < three.index("<!-- page 3 -->")
+    assert s3.get_object(Bucket="corpus", Key="results/_summary.json")["Body"].read()
+
+
+def _many_pages(directory, count):
+    directory.mkdir()
+    for index, page in enumerate(synthetic_pages.sample_pages(count, seed=10)):
+        page.image.save(directory / f"page-{index:02d}.png")
+
+
+def _processes_titled(fragment: str) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                    if fragment.encode() in handle.read():
+                        pids.append(int(entry))
+            except OSError:
+                continue
+    return pids
+
+
+def _page_files(output):
+    return sorted(p.relative_to(output) for p in (output / "pages").rglob("*.parquet"))
+
+
+def test_killed_engine_actor_loses_and_duplicates_nothing(ray_cluster, model_dir, tmp_path):
+    import ray
+
+    source, output = tmp_path / "in", tmp_path / "out"
+    _many_pages(source, 8)
+    result = {}
+    job = threading.Thread(target=lambda: result.update(summary=run_batch_job(BatchJobConfig(
+        str(source), str(output), address=ray_cluster.address, min_actors=2, max_actors=2, model=model_dir,
+        pages_per_batch=1, max_new_tokens=48))))
+    job.start()
+    killed = None
+    deadline = time.monotonic() + 240
+    while killed is None and job.is_alive() and time.monotonic() < deadline:
+        # Ray titles an actor's worker process after its class: ray::MapWorker(MapBatches(PageReader))
+        readers = _processes_titled("PageReader")
+        if readers and (output / "pages").exists() and _page_files(output):
+            os.kill(readers[0], signal.SIGKILL)  # a crash, not a polite shutdown
+            killed = readers[0]
+        time.sleep(0.2)
+    job.join(timeout=300)
+    assert killed is not None, "the job finished before an engine actor could be killed"
+    summary = result["summary"]
+    assert summary.pages == 8 and summary.documents_failed == 0
+    files = _page_files(output)
+    assert len(files) == 8 and len(set(files)) == 8
+    rows = [row for f in files for row in pq.read_table(output / f).to_pylist()]
+    assert sorted(r["document_id"] for r in rows) == sorted(f"page-{i:02d}.png" for i in range(8))
+    assert len(list((output / "markdown").glob("*.md"))) == 8
+    assert ray.is_initialized()
+
+
+def test_interrupted_job_resumes_without_redoing_finished_documents(ray_cluster, model_dir, tmp_path):
+    source, output = tmp_path / "in", tmp_path / "out"
+    _many_pages(source, 8)
+    command = [sys.executable, "-m", "gravityocr.cli", "batch", str(source), str(output), "--address",
+               ray_cluster.address, "--model", model_dir, "--min-actors", "1", "--max-actors", "1",
+               "--pages-per-batch", "1", "--max-new-tokens", "48"]
+    driver = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 240
+    try:
+        while time.monotonic() < deadline and driver.poll() is None:
+            if (output / "markdown").exists() and len(list((output / "markdown").glob("*.md"))) >= 2:
+                break
+            time.sleep(0.1)
+    finally:
+        driver.kill()
+        driver.wait(timeout=60)
+    finished_before = {p.name: p.stat().st_mtime_ns for p in (output / "markdown").glob("*.md")}
+    assert 2 <= len(finished_before) < 8, "the interruption must leave the job part way"
+
+    summary = run_batch_job(BatchJobConfig(str(source), str(output), address=ray_cluster.address, resume=True,
+                                           model=model_dir, pages_per_batch=1, max_new_tokens=48))
+    assert summary.documents_skipped == len(finished_before)
+    assert summary.pages == 8 - len(finished_before)
+    after = {p.name: p.stat().st_mtime_ns for p in (output / "markdown").glob("*.md")}
+    assert len(after) == 8
+    assert all(after[name] == mtime for name, mtime in finished_before.items()), "finished documents were redone"
+    files = _page_files(output)
+    assert len(files) == 8 and len(set(files)) == 8
