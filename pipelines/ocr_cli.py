@@ -1,0 +1,191 @@
+"""`gravityocr ocr FILE...`: local files in, markdown or JSON out, in-process, no cluster.
+The quickest way for a person to try the product.
+
+Exit status: 0 when every document was read, 1 when some were not (the others are still
+written; one error line per failed document on stderr), 2 when nothing could start
+(no model, bad arguments).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from typing import TYPE_CHECKING
+
+from .layout import LAYOUT_BACKENDS, LINE_SPLITTERS
+
+if TYPE_CHECKING:  # torch and transformers load only when the command runs, not for --help
+    from .page_ocr import DocumentResult
+
+
+def default_model_path() -> Path:
+    from gravityocr.model.loading import DEFAULT_MODEL_DIR
+
+    return Path(DEFAULT_MODEL_DIR)
+
+
+def has_weights(path: Path) -> bool:
+    return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("files", nargs="+", metavar="FILE", help="PDF, PNG, JPEG, TIFF or WebP files")
+    parser.add_argument("--format", choices=("markdown", "json"), default="markdown",
+                        help="output format (default: markdown)")
+    parser.add_argument("--out", metavar="DIR", default=None,
+                        help="write one <name>.md or <name>.json per document (and figure crops) here; "
+                             "default: print to stdout (JSON: one document per line)")
+    parser.add_argument("--model", metavar="PATH", default=None,
+                        help="recogniser directory (Hugging Face format); default: the embedded model")
+    parser.add_argument("--mode", choices=("spec", "ar"), default="spec",
+                        help="self-speculative or plain AR decoding; the text is the same (default: spec)")
+    parser.add_argument("--dpi", type=float, default=150, help="PDF render resolution (default: 150)")
+    parser.add_argument("--layout", choices=LAYOUT_BACKENDS, default="projection",
+                        help="layout backend (default: projection; rapid needs gravityocr[layout])")
+    parser.add_argument("--lines", choices=LINE_SPLITTERS, default="projection",
+                        help="how text regions are split into lines (default: projection)")
+    parser.add_argument("--batch-pages", type=int, default=8, help="pages per recogniser batch (default: 8)")
+    parser.add_argument("--max-new-tokens", type=int, default=None,
+                        help="cap on tokens written per crop (default: per task, 256 text / 1024 table)")
+    parser.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def _output_names(results: list[str]) -> dict[str, str]:
+    """A distinct file stem per document id (a/x.pdf and b/x.pdf -> x, x-2)."""
+    names, used = {}, set()
+    for document_id in results:
+        stem = Path(document_id).stem or "document"
+        name, n = stem, 1
+        while name in used:
+            n += 1
+            name = f"{stem}-{n}"
+        used.add(name)
+        names[document_id] = name
+    return names
+
+
+class _Progress:
+    """A page progress bar on stderr, shown once the input holds more than one page."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.total = 0
+        self.done = 0
+        self.bar = None
+
+    def opened(self, document: DocumentResult) -> None:
+        self.total += document.page_count
+        if self.enabled and self.bar is None and self.total > 1:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=self.total, initial=self.done, unit="page", file=sys.stderr, desc="ocr",
+                            dynamic_ncols=True)
+        elif self.bar is not None:
+            self.bar.total = self.total
+            self.bar.refresh()
+
+    def page(self, _page) -> None:
+        self.done += 1
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def message(self, text: str) -> None:
+        """A line on stderr that does not tear the bar."""
+        if self.bar is not None:
+            self.bar.write(text, file=sys.stderr)
+        else:
+            print(text, file=sys.stderr)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _write(result: DocumentResult, args, name: str) -> None:
+    if args.out is None:
+        if args.format == "json":
+            sys.stdout.write(json.dumps(result.to_json(), ensure_ascii=False) + "\n")
+        else:
+            if len(args.files) > 1:
+                sys.stdout.write(f"<!-- document: {result.document_id} -->\n\n")
+            sys.stdout.write(result.to_markdown(figure_prefix=f"{name}_figures/"))
+        sys.stdout.flush()
+        return
+    out = Path(args.out)
+    if args.format == "json":
+        (out / f"{name}.json").write_text(json.dumps(result.to_json(), ensure_ascii=False, indent=2) + "\n",
+                                          encoding="utf-8")
+        return
+    (out / f"{name}.md").write_text(result.to_markdown(figure_prefix=f"{name}_figures/"), encoding="utf-8")
+    figures = [(page, region) for page in result.pages for region in page.regions if region.image is not None]
+    if figures:
+        from .assembly import figure_name
+
+        folder = out / f"{name}_figures"
+        folder.mkdir(parents=True, exist_ok=True)
+        for page, region in figures:
+            region.image.save(folder / figure_name(page.page_number, region))
+
+
+def run(args) -> int:
+    model_path = Path(args.model) if args.model else default_model_path()
+    if not has_weights(model_path):
+        if args.model:
+            print(f"gravityocr ocr: no model found at {model_path} (expected config.json and *.safetensors)",
+                  file=sys.stderr)
+        else:
+            print("gravityocr ocr: no default model found; pass --model PATH", file=sys.stderr)
+        return 2
+    if args.out is not None:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+    import torch
+    import transformers
+
+    from .page_ocr import PageOcr, PageOcrConfig
+    from .recognizer import CropRecognizer, RecognizerConfig
+
+    transformers.utils.logging.disable_progress_bar()  # our own bar is the one that counts pages
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    config = RecognizerConfig(mode=args.mode)
+    if args.max_new_tokens is not None:
+        config = config.capped(args.max_new_tokens)
+    try:
+        recognizer = CropRecognizer.load(model_path, config, device=device)
+        pipeline = PageOcr(recognizer, PageOcrConfig(dpi=args.dpi, layout=args.layout, lines=args.lines,
+                                                     batch_pages=args.batch_pages))
+    except (OSError, ValueError, ImportError) as error:
+        print(f"gravityocr ocr: cannot start: {error}", file=sys.stderr)
+        return 2
+    names = _output_names(list(args.files))
+    progress = _Progress(enabled=not args.no_progress)
+    failed = 0
+    try:
+        for result in pipeline.run(args.files, on_open=progress.opened, on_page=progress.page):
+            if not result.ok:
+                failed += 1
+                progress.message(f"gravityocr ocr: {result.document_id}: {result.error.reason}: "
+                                 f"{result.error.message}")
+                continue
+            for page in result.pages:
+                if page.error:
+                    progress.message(f"gravityocr ocr: {result.document_id}: page {page.page_number}: {page.error}")
+            _write(result, args, names[result.document_id])
+    finally:
+        progress.close()
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry (`python -m gravityocr.pipelines.ocr_cli`); the `gravityocr ocr`
+    subcommand wires `add_arguments` and `run` the same way."""
+    parser = argparse.ArgumentParser(prog="gravityocr ocr", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

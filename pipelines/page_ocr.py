@@ -1,0 +1,229 @@
+"""Whole documents through the recogniser, in-process: documents -> pages -> layout ->
+crops with a task by region type -> one recogniser call for all regions of a batch of
+pages (of any documents) -> page results -> document results.
+
+Errors stay with their document: a file that cannot be read, decoded or rendered is a
+`DocumentResult` with `error` set, and the documents around it are processed as usual.
+Pages are rendered lazily and batched across documents, so a 500-page PDF never sits in
+memory whole and fifty one-page PNGs still make one engine batch.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from PIL import Image
+
+from .assembly import LineResult, PageResult, RegionResult, document_json, document_markdown, join_lines, sum_stats
+from .documents import DocumentError, DocumentLimits, Page, open_document, read_file
+from .layout import TEXT_TYPES, Box, LayoutBackend, LineSplitter, NoLines, Region, layout_page, make_layout, \
+    make_line_splitter
+from .recognizer import CropRecognizer, CropResult
+
+# The task prompt each region type is read with; figures are not read.
+TASK_BY_TYPE = {**{kind: "text" for kind in TEXT_TYPES}, "table": "table", "formula": "formula"}
+
+DocumentSource = str | Path | tuple[str, bytes]
+
+
+@dataclass
+class PageOcrConfig:
+    dpi: float = 150
+    layout: str = "projection"  # see layout.LAYOUT_BACKENDS
+    lines: str = "projection"  # see layout.LINE_SPLITTERS
+    # The recogniser reads lines about 56 px tall (two rows of 28-px visual tokens), one
+    # character per ~28 px: line crops are scaled to that height, whatever the page DPI.
+    scale_lines: bool = True
+    line_height: int = 56
+    padding: int = 4  # page pixels of margin around every crop
+    batch_pages: int = 8  # pages whose regions form one recogniser call
+    limits: DocumentLimits = field(default_factory=DocumentLimits)
+
+
+@dataclass
+class DocumentResult:
+    document_id: str
+    pages: list[PageResult] = field(default_factory=list)
+    error: DocumentError | None = None
+    format: str | None = None
+    page_count: int = 0  # pages the document has (pages may be fewer if it failed part-way)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def to_json(self) -> dict:
+        return document_json(self.document_id, self.pages, self.error.to_dict() if self.error else None, self.format)
+
+    def to_markdown(self, figure_prefix: str = "") -> str:
+        return document_markdown(self.pages, figure_prefix)
+
+
+@dataclass
+class _Pending:
+    result: DocumentResult
+    in_flight: int = 0  # pages in the current batch, not yet read
+    loaded: bool = False  # every page has been handed to a batch (or the document failed)
+
+
+@dataclass
+class _Crop:
+    page: int  # index in the batch
+    region: int  # index in that page's regions
+    line: int | None  # index in the region's lines, None for a whole-region crop
+    image: Image.Image
+    task: str
+
+
+class PageOcr:
+    def __init__(self, recognizer: CropRecognizer, config: PageOcrConfig | None = None,
+                 layout: LayoutBackend | None = None, lines: LineSplitter | None = None):
+        self.recognizer = recognizer
+        self.config = config or PageOcrConfig()
+        self.layout = layout or make_layout(self.config.layout)
+        self.lines = lines or make_line_splitter(self.config.lines)
+
+    # --- documents ---------------------------------------------------------------------
+
+    def run(self, sources: Iterable[DocumentSource],
+            on_open: Callable[[DocumentResult], None] | None = None,
+            on_page: Callable[[PageResult], None] | None = None) -> Iterator[DocumentResult]:
+        """Document results in the order of `sources`, each as soon as all its pages are read.
+        `on_open` sees each document once its page count is known; `on_page` each page read."""
+        pending: deque[_Pending] = deque()
+        batch: list[tuple[Page, _Pending]] = []
+
+        def flush() -> None:
+            if not batch:
+                return
+            results = self.read_pages([page for page, _ in batch])
+            for (_, state), page_result in zip(batch, results):
+                state.result.pages.append(page_result)
+                state.in_flight -= 1
+                if on_page:
+                    on_page(page_result)
+            batch.clear()
+
+        def completed() -> Iterator[DocumentResult]:
+            while pending and pending[0].loaded and pending[0].in_flight == 0:
+                yield pending.popleft().result
+
+        for source in sources:
+            state = _Pending(DocumentResult(_source_id(source)))
+            pending.append(state)
+            try:
+                document_id, data = source if isinstance(source, tuple) else read_file(source, limits=self.config.limits)
+                opened = open_document(document_id, data, self.config.dpi, self.config.limits)
+                state.result.format, state.result.page_count = opened.format, opened.page_count
+                if on_open:
+                    on_open(state.result)
+                for page in opened.pages():
+                    batch.append((page, state))
+                    state.in_flight += 1
+                    if len(batch) >= self.config.batch_pages:
+                        flush()
+                        yield from completed()
+            except Exception as error:  # noqa: BLE001 - one bad document must not end the run
+                if not isinstance(error, DocumentError):
+                    error = DocumentError(state.result.document_id, "corrupt",
+                                          f"unexpected {type(error).__name__} while reading it: {error}")
+                state.result.error = error
+                if on_open and state.result.page_count == 0:
+                    on_open(state.result)
+            state.loaded = True
+            yield from completed()
+        flush()
+        yield from completed()
+
+    # --- pages -------------------------------------------------------------------------
+
+    def read_pages(self, pages: list[Page]) -> list[PageResult]:
+        """Layout of every page, then one recogniser call for all their crops."""
+        layouts: list[list[Region]] = []
+        results: list[PageResult] = []
+        for page in pages:
+            start = time.perf_counter()
+            error = None
+            try:
+                regions = layout_page(page.image, self.layout, self.lines)
+            except Exception as failure:  # noqa: BLE001 - the page is reported, the others go on
+                regions, error = [], f"layout failed: {type(failure).__name__}: {failure}"
+            layouts.append(regions)
+            results.append(PageResult(page.document_id, page.page_number, page.width, page.height, page.dpi,
+                                      self.layout.name, seconds={"layout": time.perf_counter() - start},
+                                      error=error))
+        crops = self._crops(pages, layouts)
+        start = time.perf_counter()
+        try:
+            read = self.recognizer.recognize([(crop.image, crop.task) for crop in crops])
+        except Exception as error:  # noqa: BLE001 - one broken batch must not end the run
+            message = f"recogniser failed: {type(error).__name__}: {error}"
+            traceback.print_exc()
+            read = [CropResult("", error=message) for _ in crops]
+        elapsed = time.perf_counter() - start
+        per_page = [0] * len(pages)
+        for crop in crops:
+            per_page[crop.page] += 1
+        for index, (page, regions, result) in enumerate(zip(pages, layouts, results)):
+            result.regions = self._assemble(page, regions, [(c, r) for c, r in zip(crops, read) if c.page == index])
+            result.seconds["recognition"] = elapsed * per_page[index] / max(1, len(crops))
+            result.seconds["total"] = result.seconds["layout"] + result.seconds["recognition"]
+        return results
+
+    def _crops(self, pages: list[Page], layouts: list[list[Region]]) -> list[_Crop]:
+        crops = []
+        reads_lines = not isinstance(self.lines, NoLines)
+        for p, (page, regions) in enumerate(zip(pages, layouts)):
+            for r, region in enumerate(regions):
+                task = TASK_BY_TYPE.get(region.type)
+                if task is None:
+                    continue
+                if region.type in TEXT_TYPES and reads_lines:
+                    for i, line in enumerate(region.lines):
+                        crops.append(_Crop(p, r, i, self._crop(page.image, line, self.config.scale_lines), task))
+                else:
+                    crops.append(_Crop(p, r, None, self._crop(page.image, region.bbox, False), task))
+        return crops
+
+    def _crop(self, image: Image.Image, box: Box, scale: bool) -> Image.Image:
+        pad = self.config.padding
+        x0, y0, x1, y1 = box
+        crop = image.crop((max(0, x0 - pad), max(0, y0 - pad), min(image.width, x1 + pad), min(image.height, y1 + pad)))
+        if scale and crop.height != self.config.line_height:
+            factor = self.config.line_height / crop.height
+            crop = crop.resize((max(1, round(crop.width * factor)), self.config.line_height), Image.Resampling.LANCZOS)
+        return crop
+
+    def _assemble(self, page: Page, regions: list[Region], read: list[tuple[_Crop, CropResult]]) -> list[RegionResult]:
+        out = []
+        for r, region in enumerate(regions):
+            mine = [(crop, result) for crop, result in read if crop.region == r]
+            result = RegionResult(region.order, region.type, region.bbox, region.score, TASK_BY_TYPE.get(region.type))
+            if region.type == "figure":
+                result.image = page.image.crop(region.bbox)
+            elif mine and mine[0][0].line is not None:
+                result.lines = [LineResult(region.lines[crop.line], cr.text.strip(), cr.stats_dict(), cr.error)
+                                for crop, cr in mine]
+                good = [line for line in result.lines if line.error is None]
+                result.text = join_lines([line.text for line in good])
+                result.stats = sum_stats([line.stats for line in good])
+                if not good:
+                    result.error = f"no line could be read: {result.lines[0].error}"
+            elif mine:
+                cr = mine[0][1]
+                text = cr.text.strip()
+                result.text = join_lines(text.splitlines()) if region.type in TEXT_TYPES else text
+                result.stats, result.error = cr.stats_dict(), cr.error
+            else:
+                result.text = ""  # a text region without ink lines: nothing to read
+            out.append(result)
+        return out
+
+
+def _source_id(source: DocumentSource) -> str:
+    return source[0] if isinstance(source, tuple) else str(source)

@@ -1,0 +1,139 @@
+"""Layout: typed regions, reading order across columns, lines inside text regions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image, ImageDraw
+
+from gravityocr.pipelines.layout import (
+    ProjectionLayout,
+    ProjectionLines,
+    Region,
+    ink_mask,
+    layout_page,
+    make_layout,
+    make_line_splitter,
+    reading_order,
+)
+from gravityocr.pipelines.synthetic_pages import (
+    LINE_PITCH,
+    font,
+    single_column_page,
+    table_formula_page,
+    two_column_page,
+    wrap,
+)
+
+
+def _iou(a, b) -> float:
+    inter = max(0, min(a[2], b[2]) - max(a[0], b[0])) * max(0, min(a[3], b[3]) - max(a[1], b[1]))
+    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
+    return inter / union
+
+
+@pytest.mark.parametrize("maker", [single_column_page, two_column_page, table_formula_page])
+@pytest.mark.parametrize("seed", [0, 7])
+def test_projection_layout_finds_the_regions_in_reading_order(maker, seed):
+    page = maker(seed=seed)
+    regions = layout_page(page.image, make_layout("projection"), make_line_splitter("projection"))
+    assert [r.type for r in regions] == page.types
+    assert [r.order for r in regions] == list(range(len(regions)))
+    for found, truth in zip(regions, page.regions):
+        assert _iou(found.bbox, truth.bbox) > 0.6, (found, truth)
+
+
+def test_two_column_page_reads_left_column_before_right():
+    page = two_column_page(seed=3, paragraphs_per_column=3)
+    regions = layout_page(page.image, ProjectionLayout(), ProjectionLines())
+    body = [r for r in regions if r.type == "text"]
+    lefts = [r.bbox[0] for r in body]
+    assert max(lefts[:3]) < page.image.width / 2 <= min(lefts[3:])
+    tops = [r.bbox[1] for r in body]
+    assert tops[:3] == sorted(tops[:3]) and tops[3:] == sorted(tops[3:])
+
+
+def test_text_regions_are_split_into_their_lines():
+    page = single_column_page(seed=4, paragraphs=2)
+    regions = layout_page(page.image, ProjectionLayout(), ProjectionLines())
+    face = font(22)
+    for found, truth in zip(regions, page.regions):
+        if truth.type == "text":
+            expected = len(wrap(truth.text, face, page.image.width - 220))
+            assert len(found.lines) == expected
+            assert all(found.bbox[1] <= line[1] < line[3] <= found.bbox[3] for line in found.lines)
+            pitches = np.diff([line[1] for line in found.lines])
+            assert all(abs(p - LINE_PITCH) <= 8 for p in pitches)
+    assert all(not r.lines for r in regions if r.type in ("table", "formula", "figure"))
+
+
+def _boxes(*specs):
+    return [Region(box, kind) for kind, box in specs]
+
+
+def test_reading_order_full_width_region_breaks_the_columns():
+    # title; two columns; a full-width figure; two more columns; footer
+    regions = _boxes(
+        ("footer", (500, 1700, 540, 1720)),
+        ("text", (620, 300, 1100, 500)),   # right column, upper band
+        ("figure", (100, 700, 1100, 1000)),
+        ("text", (100, 1100, 580, 1300)),  # left column, lower band
+        ("text", (100, 300, 580, 400)),    # left column, upper band
+        ("title", (100, 150, 900, 200)),
+        ("text", (620, 1100, 1100, 1500)),  # right column, lower band
+        ("text", (100, 420, 580, 600)),    # left column, upper band, second paragraph
+    )
+    ordered = reading_order(regions)
+    assert [(r.type, r.bbox[:2]) for r in ordered] == [
+        ("title", (100, 150)), ("text", (100, 300)), ("text", (100, 420)), ("text", (620, 300)),
+        ("figure", (100, 700)), ("text", (100, 1100)), ("text", (620, 1100)), ("footer", (500, 1700)),
+    ]
+    assert [r.order for r in ordered] == list(range(8))
+
+
+def test_reading_order_aligned_paragraph_gaps_do_not_interleave_columns():
+    # Paragraph gaps at the same heights in both columns: rows must not be read across.
+    left = [("text", (100, y, 580, y + 100)) for y in (200, 350, 500)]
+    right = [("text", (620, y, 1100, y + 100)) for y in (200, 350, 500)]
+    ordered = reading_order(_boxes(*(right + left)))
+    assert [r.bbox[0] for r in ordered] == [100, 100, 100, 620, 620, 620]
+
+
+def test_blank_page_has_no_regions():
+    image = Image.new("RGB", (600, 800), "white")
+    assert layout_page(image, ProjectionLayout(), ProjectionLines()) == []
+    assert not ink_mask(image).any()
+
+
+def test_line_splitter_merges_slivers():
+    image = Image.new("RGB", (300, 100), "white")
+    draw = ImageDraw.Draw(image)
+    draw.rectangle([10, 20, 200, 40], fill="black")  # a line
+    draw.rectangle([50, 14, 52, 16], fill="black")  # a dot above it, separated by white rows
+    draw.rectangle([10, 60, 220, 80], fill="black")  # a second line
+    lines = ProjectionLines().split(image, ink_mask(image), (0, 0, 300, 100))
+    assert lines == [(10, 14, 201, 41), (10, 60, 221, 81)]
+
+
+def test_unknown_backend_names():
+    with pytest.raises(ValueError):
+        make_layout("nope")
+    with pytest.raises(ValueError):
+        make_line_splitter("nope")
+    with pytest.raises(ValueError):
+        Region((0, 0, 1, 1), "paragraph")
+
+
+@pytest.mark.slow
+def test_rapid_layout_and_rapidocr_lines_run_offline():
+    pytest.importorskip("rapid_layout")
+    pytest.importorskip("rapidocr")
+    page = table_formula_page(seed=1)
+    regions = layout_page(page.image, make_layout("rapid"), make_line_splitter("rapidocr"))
+    types = [r.type for r in regions]
+    assert all(r.lines for r in regions if r.type in ("text", "title", "header"))
+    assert "table" in types and "figure" in types and "title" in types
+    assert [r.order for r in regions] == list(range(len(regions)))
+    # every truth region's ink is covered by some detected region (missed ink is filled in)
+    for truth in page.regions:
+        assert any(_iou(r.bbox, truth.bbox) > 0 for r in regions), truth

@@ -1,0 +1,286 @@
+"""Pages through the recogniser and back into documents: markdown and JSON with the
+regions in reading order and the right types, JSON valid against the published schema,
+per-document errors that never stop the other documents, and `gravityocr ocr`.
+
+The recogniser is a tiny random model: it reads nothing, so these tests check structure
+(types, order, boxes, tasks, stats, errors), never recognised text.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+import referencing
+from PIL import Image
+
+from document_fixtures import (  # noqa: F401
+    bad_documents,
+    multi_page_tiff,
+    png_bytes,
+    three_page_pdf,
+    tiny_model_dir,
+    tiny_recognizer,
+)
+from gravityocr.pipelines import ocr_cli
+from gravityocr.pipelines.assembly import (
+    PageResult,
+    RegionResult,
+    document_markdown,
+    join_lines,
+    page_markdown,
+)
+from gravityocr.pipelines.page_ocr import TASK_BY_TYPE, PageOcr, PageOcrConfig
+from gravityocr.pipelines.recognizer import CropRecognizer, RecognizerConfig
+from gravityocr.pipelines.synthetic_pages import table_formula_page, two_column_page
+
+SCHEMAS = Path(__file__).resolve().parents[1] / "schemas"
+MAX_NEW_TOKENS = 3  # the tiny model never says eos: keep every crop short
+
+
+def _schema(name: str) -> dict:
+    return json.loads((SCHEMAS / name).read_text())
+
+
+def _validator(name: str) -> jsonschema.Draft202012Validator:
+    page, document = _schema("page.schema.json"), _schema("document.schema.json")
+    registry = referencing.Registry().with_resources(
+        [(s["$id"], referencing.Resource.from_contents(s)) for s in (page, document)])
+    schema = page if name == "page" else document
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema, registry=registry)
+
+
+def _recognizer(**overrides) -> CropRecognizer:
+    return CropRecognizer(tiny_recognizer(), RecognizerConfig(**overrides).capped(MAX_NEW_TOKENS))
+
+
+@pytest.fixture(scope="module")
+def processed(three_page_pdf, multi_page_tiff, bad_documents):
+    """One pipeline run over good and bad documents, interleaved."""
+    pdf, pdf_truth = three_page_pdf
+    tiff, tiff_truth = multi_page_tiff
+    two_column, table_page = two_column_page(seed=31), table_formula_page(seed=32)
+    sources = [("report.pdf", pdf), ("truncated.pdf", bad_documents["truncated.pdf"][0]),
+               ("scan.tiff", tiff), ("encrypted.pdf", bad_documents["encrypted.pdf"][0]),
+               ("zero-pages.pdf", bad_documents["zero-pages.pdf"][0]), ("empty.png", b""),
+               ("columns.png", png_bytes(two_column.image)), ("bomb.png", bad_documents["bomb.png"][0]),
+               ("notes.png", bad_documents["notes.png"][0]), ("table.png", png_bytes(table_page.image))]
+    truths = {"report.pdf": pdf_truth, "scan.tiff": tiff_truth, "columns.png": [two_column],
+              "table.png": [table_page]}
+    pipeline = PageOcr(_recognizer(), PageOcrConfig(batch_pages=3))
+    opened, pages = [], []
+    results = list(pipeline.run(sources, on_open=lambda d: opened.append(d.document_id),
+                                on_page=lambda p: pages.append((p.document_id, p.page_number))))
+    return {r.document_id: r for r in results}, truths, [name for name, _ in sources], opened, pages
+
+
+def test_documents_come_back_in_order_with_their_pages(processed):
+    results, truths, names, opened, pages = processed
+    assert list(results) == names
+    assert opened == names
+    for name, truth in truths.items():
+        assert results[name].ok and results[name].page_count == len(truth)
+        assert [p.page_number for p in results[name].pages] == list(range(1, len(truth) + 1))
+        assert all(p.document_id == name for p in results[name].pages)
+    assert len(pages) == sum(len(t) for t in truths.values())
+
+
+def test_bad_documents_fail_alone_with_their_reason(processed, bad_documents):
+    results, *_ = processed
+    for name, (_, reason) in bad_documents.items():
+        assert not results[name].ok and results[name].error.reason == reason, name
+        assert results[name].pages == []
+        document = results[name].to_json()
+        assert document["error"]["reason"] == reason and document["pages"] == []
+        _validator("document").validate(document)
+
+
+def test_regions_have_the_truth_types_in_reading_order(processed):
+    results, truths, *_ = processed
+    for name, truth in truths.items():
+        for page, page_truth in zip(results[name].pages, truth):
+            assert [r.type for r in page.regions] == page_truth.types, (name, page.page_number)
+            assert [r.order for r in page.regions] == list(range(len(page.regions)))
+
+
+def test_each_region_is_read_with_the_task_of_its_type(processed):
+    results, *_ = processed
+    regions = [r for d in results.values() for p in d.pages for r in p.regions]
+    assert {r.type for r in regions} >= {"title", "text", "table", "formula", "figure", "caption", "header", "footer"}
+    for region in regions:
+        if region.type == "figure":
+            assert region.task is None and region.text is None and region.stats is None and region.image is not None
+        else:
+            assert region.task == TASK_BY_TYPE[region.type]
+            assert region.error is None and region.stats is not None
+            assert region.stats["committed_tokens"] >= 1
+            assert region.stats["forward_passes"] >= 1
+        if region.type in ("text", "title", "caption", "header", "footer"):
+            assert region.lines and all(line.stats["committed_tokens"] <= MAX_NEW_TOKENS for line in region.lines)
+            assert region.stats["committed_tokens"] == sum(line.stats["committed_tokens"] for line in region.lines)
+        else:
+            assert region.lines == []
+
+
+def test_json_validates_against_the_published_schema(processed):
+    results, truths, *_ = processed
+    page_validator, document_validator = _validator("page"), _validator("document")
+    for name in truths:
+        document = json.loads(json.dumps(results[name].to_json()))  # through real JSON
+        document_validator.validate(document)
+        assert document["page_count"] == len(document["pages"])
+        for page, truth in zip(document["pages"], truths[name]):
+            page_validator.validate(page)
+            assert [r["type"] for r in page["regions"]] == truth.types
+            assert [r["order"] for r in page["regions"]] == list(range(len(page["regions"])))
+            assert abs(page["width"] - 1240) <= 1 and abs(page["height"] - 1754) <= 1
+            for region in page["regions"]:
+                x0, y0, x1, y1 = region["bbox"]
+                assert 0 <= x0 < x1 <= page["width"] and 0 <= y0 < y1 <= page["height"]
+
+
+def test_schema_rejects_what_it_should(processed):
+    results, *_ = processed
+    page = json.loads(json.dumps(results["table.png"].to_json()["pages"][0]))
+    validator = _validator("page")
+    broken = json.loads(json.dumps(page))
+    broken["regions"][0]["type"] = "paragraph"
+    assert not validator.is_valid(broken)
+    broken = json.loads(json.dumps(page))
+    del broken["width"]
+    assert not validator.is_valid(broken)
+    broken = json.loads(json.dumps(page))
+    figure = next(r for r in broken["regions"] if r["type"] == "figure")
+    figure["text"] = "a figure is never read"
+    assert not validator.is_valid(broken)
+
+
+def test_markdown_has_the_regions_in_reading_order(processed):
+    results, *_ = processed
+    markdown = results["table.png"].to_markdown(figure_prefix="table_figures/")
+    blocks = markdown.strip().split("\n\n")
+    page = results["table.png"].pages[0]
+    body = [r for r in page.regions if r.type not in ("header", "footer")]
+    # title, text, table, text, formula (3 lines: $$ / latex / $$ are one block), figure, caption
+    assert blocks[0].startswith("# ")
+    assert blocks[4].startswith("$$\n") and blocks[4].endswith("\n$$")
+    assert blocks[5] == f"![figure](table_figures/p1-r{body[5].order}.png)"
+    assert len(blocks) == len(body)
+    pdf_markdown = results["report.pdf"].to_markdown()
+    assert pdf_markdown.count("<!-- page ") == 3
+    assert pdf_markdown.index("<!-- page 1 -->") < pdf_markdown.index("<!-- page 2 -->") < pdf_markdown.index("<!-- page 3 -->")
+    headings = [line for line in pdf_markdown.splitlines() if line.startswith("#")]
+    assert len(headings) == 3 and headings[0].startswith("# ") and all(h.startswith("## ") for h in headings[1:])
+
+
+# --- assembly without a model ---------------------------------------------------------------
+
+def test_join_lines_joins_hyphenated_words():
+    assert join_lines(["Optical charac-", "ter recog-", "nition works."]) == "Optical character recognition works."
+    assert join_lines(["Jean-", "Paul and state-of-the-", "art"]) == "Jean-Paul and state-of-the-art"
+    assert join_lines(["minus -", "sign", "x\u00ad", "ray", "", " spaced "]) == "minus - sign xray spaced"
+    assert join_lines(["2020-", "2021"]) == "2020- 2021"
+
+
+def _region(order, kind, text, **kw):
+    return RegionResult(order, kind, (0, 0, 10, 10), task=TASK_BY_TYPE.get(kind), text=text, **kw)
+
+
+def test_markdown_per_region_type():
+    page = PageResult("doc", 2, 100, 100, 150, "projection", [
+        _region(0, "header", "Running head"),
+        _region(1, "title", "A  Title"),
+        _region(2, "text", "# not a heading"),
+        _region(3, "table", "<table><tr><td>1</td></tr></table>"),
+        _region(4, "formula", "E=mc^{2}"),
+        RegionResult(5, "figure", (0, 0, 10, 10)),
+        _region(6, "caption", "Figure 1: a chart"),
+        _region(7, "text", "", error="image 3x2000 cannot be processed"),
+        _region(8, "text", ""),
+        _region(9, "title", "Second"),
+        _region(10, "footer", "2"),
+    ])
+    assert page_markdown(page).split("\n\n") == [
+        "# A Title", "\\# not a heading", "<table><tr><td>1</td></tr></table>", "$$\nE=mc^{2}\n$$",
+        "![figure](p2-r5.png)", "Figure 1: a chart",
+        "<!-- page 2 region 7 (text) not read: image 3x2000 cannot be processed -->", "## Second",
+    ]
+    assert page_markdown(page, title_seen=True).startswith("## A Title")
+    assert "Running head" in page_markdown(page, include_furniture=True)
+    assert document_markdown([page]) == page_markdown(page) + "\n"
+
+
+def test_a_crop_the_processor_refuses_is_a_region_error_not_a_page_failure():
+    recognizer = _recognizer()
+    crops = [(Image.new("RGB", (3, 1200), "white"), "text"), (Image.new("RGB", (120, 56), "white"), "formula")]
+    refused, read = recognizer.recognize(crops)
+    assert refused.error and "aspect" in refused.error and refused.stats is None
+    assert read.ok and read.stats.committed_tokens == MAX_NEW_TOKENS and read.finish_reason == "length"
+
+
+def test_engine_and_reference_decoders_agree():
+    pytest.importorskip("gravityocr.model.engine")
+    page = table_formula_page(seed=40).image
+    crops = [(page.crop((110, 150, 700, 200)), "text"), (page.crop((250, 300, 990, 500)), "table"),
+             (page.crop((530, 630, 710, 720)), "formula")]
+    for mode in ("spec", "ar"):
+        engine = _recognizer(decoder="engine", mode=mode).recognize(crops)
+        reference = _recognizer(decoder="reference", mode=mode).recognize(crops)
+        assert [r.text for r in engine] == [r.text for r in reference]
+
+
+# --- the CLI ----------------------------------------------------------------------------------
+
+def _cli(argv, capsys):
+    code = ocr_cli.main(argv)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_cli_writes_markdown_and_figures_and_reports_failures(tmp_path, tiny_model_dir, three_page_pdf, capsys):
+    good = tmp_path / "report.pdf"
+    good.write_bytes(three_page_pdf[0])
+    empty = tmp_path / "empty.png"
+    empty.write_bytes(b"")
+    text = tmp_path / "notes.png"
+    text.write_text("not an image")
+    out = tmp_path / "out"
+    code, stdout, stderr = _cli([str(good), str(empty), str(text), "--model", str(tiny_model_dir), "--out", str(out),
+                                 "--max-new-tokens", str(MAX_NEW_TOKENS)], capsys)
+    assert code == 1
+    assert f"{empty}: empty_file:" in stderr and f"{text}: unsupported_format:" in stderr
+    assert "page" in stderr  # the progress bar of a 3-page input
+    assert sorted(p.name for p in out.iterdir()) == ["report.md", "report_figures"]
+    markdown = (out / "report.md").read_text()
+    assert markdown.count("<!-- page ") == 3
+    (figure,) = list((out / "report_figures").iterdir())
+    assert f"![figure](report_figures/{figure.name})" in markdown
+    assert Image.open(figure).size[0] > 100
+
+
+def test_cli_json_to_stdout(tmp_path, tiny_model_dir, multi_page_tiff, capsys):
+    scan = tmp_path / "scan.tif"
+    scan.write_bytes(multi_page_tiff[0])
+    code, stdout, stderr = _cli([str(scan), "--model", str(tiny_model_dir), "--format", "json", "--mode", "ar",
+                                 "--max-new-tokens", str(MAX_NEW_TOKENS), "--no-progress"], capsys)
+    assert code == 0 and stderr == ""
+    (line,) = stdout.splitlines()
+    document = json.loads(line)
+    _validator("document").validate(document)
+    assert document["format"] == "tiff" and document["page_count"] == 2
+    assert [r["type"] for r in document["pages"][1]["regions"]] == multi_page_tiff[1][1].types
+    stats = [r["stats"] for p in document["pages"] for r in p["regions"] if r["stats"]]
+    assert all(s["forward_passes"] == s["committed_tokens"] for s in stats)  # AR: one token per pass
+
+
+def test_cli_without_a_model_says_so(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(ocr_cli, "default_model_path", lambda: tmp_path / "default")
+    page = tmp_path / "page.png"
+    page.write_bytes(png_bytes(Image.new("RGB", (10, 10), "white")))
+    code, stdout, stderr = _cli([str(page)], capsys)
+    assert code == 2 and "no default model found; pass --model PATH" in stderr
+    code, stdout, stderr = _cli([str(page), "--model", str(tmp_path / "nowhere")], capsys)
+    assert code == 2 and "no model found" in stderr
