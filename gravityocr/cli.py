@@ -32,9 +32,10 @@ def build_parser() -> argparse.ArgumentParser:
     _lazy(evaluate, "gravityocr.model.evaluation")
     batch = commands.add_parser("batch", help="OCR every document under INPUT into OUTPUT (local, file:// or s3://) on Ray")
     _lazy(batch, "gravityocr.pipelines.batch_job")
+    serve = commands.add_parser("serve", help="serve the OCR HTTP API on Ray Serve")
+    _lazy(serve, "gravityocr.serve.cli")
     for name, help_text in [
         ("ocr", "OCR local files in-process and print or write markdown/JSON"),
-        ("serve", "serve the OCR HTTP API on Ray Serve"),
     ]:
         sub = commands.add_parser(name, help=help_text, add_help=False)
         sub.set_defaults(run=_not_yet(name))

@@ -1,0 +1,93 @@
+"""A long-lived engine on a thread of its own, fed from many callers.
+
+An online service gets requests one by one from many concurrent handlers; they all submit
+to one `EngineLoop`, whose thread keeps calling `engine.step()`. A request submitted while
+others decode joins the batch at the next round (continuous batching across callers),
+and each caller waits on its own future.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+from concurrent.futures import Future
+
+from .engine import Engine, EngineStats
+from .sequence import Request, RequestResult
+
+
+class EngineLoop:
+    def __init__(self, engine_factory):
+        """`engine_factory()` builds the engine; it is called again after a failed step, so
+        one bad batch fails only the requests that were in it."""
+        self._factory = engine_factory
+        self._engine: Engine = engine_factory()
+        self._incoming: queue.Queue[tuple[Request, Future]] = queue.Queue()
+        self._futures: dict[str, Future] = {}
+        self._ids = itertools.count()
+        self._stopped = threading.Event()
+        self.peak_batch_size = 0  # most sequences decoded together in one round so far
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._thread.start()
+
+    def submit(self, request: Request) -> Future:
+        """Queue `request` (its id is replaced by a unique one); the future resolves to its
+        RequestResult, or raises the engine's error for it (e.g. RequestTooLong)."""
+        future: Future = Future()
+        if self._stopped.is_set():
+            future.set_exception(RuntimeError("the engine loop is stopped"))
+            return future
+        request = Request(f"loop-{next(self._ids)}", request.prompt, request.max_new_tokens)
+        self._incoming.put((request, future))
+        return future
+
+    def generate(self, requests: list[Request], timeout: float | None = None) -> list[RequestResult]:
+        futures = [self.submit(r) for r in requests]
+        return [f.result(timeout) for f in futures]
+
+    def stats(self) -> EngineStats:
+        stats = self._engine.stats()
+        stats.waiting += self._incoming.qsize()
+        return stats
+
+    def stop(self, timeout: float = 10) -> None:
+        self._stopped.set()
+        self._thread.join(timeout)
+
+    def _admit(self, block: bool) -> None:
+        try:
+            item = self._incoming.get(timeout=0.05) if block else self._incoming.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            request, future = item
+            try:
+                self._engine.add_request(request)
+                self._futures[request.request_id] = future
+            except Exception as error:  # noqa: BLE001 - refused requests fail alone
+                future.set_exception(error)
+            try:
+                item = self._incoming.get_nowait()
+            except queue.Empty:
+                return
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            self._admit(block=not self._engine.has_work())
+            if not self._engine.has_work():
+                continue
+            try:
+                finished = self._engine.step()
+            except Exception as error:  # noqa: BLE001 - fail this batch, keep serving
+                for future in self._futures.values():
+                    future.set_exception(error)
+                self._futures.clear()
+                self._engine = self._factory()
+                continue
+            # The round ran over the sequences still running plus those it just finished.
+            self.peak_batch_size = max(self.peak_batch_size, self._engine.stats().batch_size + len(finished))
+            for result in finished:
+                self._futures.pop(result.request_id).set_result(result)
+        for future in self._futures.values():
+            future.set_exception(RuntimeError("the engine loop stopped"))

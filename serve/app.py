@@ -1,0 +1,354 @@
+"""The online OCR service: a FastAPI ingress on Ray Serve around the same engine as the
+batch job.
+
+Each replica owns one engine on a thread of its own (`EngineLoop`); every request's crops
+are submitted to it, so concurrent requests share engine batches and a request arriving
+mid-decode joins the next round. Endpoints:
+  POST /v1/ocr               a document (multipart, base64 JSON, or an allow-listed s3:// URI)
+  POST /v1/chat/completions  OpenAI-compatible, one image as a data: URL, as vLLM serves GLM-OCR
+  GET  /healthz, /readyz     process up; model loaded
+"""
+
+# No `from __future__ import annotations` here: FastAPI resolves the endpoint signatures
+# (`request: Request`) at runtime, and strings would break the OpenAPI schema.
+import asyncio
+import base64
+import binascii
+import hmac
+import time
+import uuid
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from ray import serve
+
+from . import schemas
+from .settings import ServeSettings
+
+OCR_ROUTE = "/v1/ocr"
+CHAT_ROUTE = "/v1/chat/completions"
+
+
+class HTTPProblem(Exception):
+    """An error answer: status code, message, optional headers."""
+
+    def __init__(self, status: int, message: str, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.headers = status, message, headers or {}
+
+
+DOCUMENT_ERROR_STATUS = {
+    "empty_file": 400, "unsupported_format": 415, "corrupt": 422, "encrypted": 422, "no_pages": 422,
+    "too_large": 413, "unreadable": 422,
+}
+
+app = FastAPI(title="GravityOCR", version="0.1.0",
+              description="OCR with exact self-speculative decoding: documents to markdown and JSON.")
+
+
+@app.exception_handler(HTTPProblem)
+async def _problem_handler(request: Request, problem: HTTPProblem):
+    return JSONResponse({"error": {"message": problem.message, "status": problem.status}},
+                        status_code=problem.status, headers=problem.headers)
+
+
+def _record_latency(endpoint: str, status: int, seconds: float) -> None:
+    from ..metrics import observe_request_latency
+
+    observe_request_latency(endpoint, str(status), seconds)
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise HTTPProblem(413, f"the upload of {declared} bytes is over the limit of {limit} bytes")
+    body = bytearray()
+    async for chunk in request.stream():
+        body.extend(chunk)
+        if len(body) > limit:
+            raise HTTPProblem(413, f"the upload is over the limit of {limit} bytes")
+    return bytes(body)
+
+
+class _OcrWork:
+    """POST /v1/ocr: a whole document through layout and the shared engine."""
+
+    def __init__(self, service: "OcrService"):
+        self.service = service
+
+    async def prepare(self, request: Request):
+        """Read and check the upload on the event loop: size, content type, format and page
+        count are refused here, before any rendering."""
+        from ..pipelines.documents import DocumentError, open_document
+
+        name, data = await self._upload(request)
+        settings = self.service.settings
+        try:
+            document = open_document(name, data, settings.dpi)
+        except DocumentError as error:
+            raise HTTPProblem(DOCUMENT_ERROR_STATUS.get(error.reason, 422), f"{error.reason}: {error.message}") from None
+        if document.page_count > settings.max_pages:
+            raise HTTPProblem(413, f"the document has {document.page_count} pages; the limit is {settings.max_pages}")
+        return name, document
+
+    async def _upload(self, request: Request) -> tuple[str, bytes]:
+        settings = self.service.settings
+        content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if content_type == "multipart/form-data":
+            declared = request.headers.get("content-length") or "0"
+            if declared.isdigit() and int(declared) > settings.max_upload_bytes + 64 * 1024:
+                raise HTTPProblem(413, f"the upload is over the limit of {settings.max_upload_bytes} bytes")
+            form = await request.form(max_files=1, max_fields=8, max_part_size=settings.max_upload_bytes)
+            upload = form.get("file")
+            if upload is None or isinstance(upload, str):
+                raise HTTPProblem(422, "multipart requests need the document in a file field named 'file'")
+            data = await upload.read()
+            if len(data) > settings.max_upload_bytes:
+                raise HTTPProblem(413, f"the upload is over the limit of {settings.max_upload_bytes} bytes")
+            return upload.filename or "upload", data
+        if content_type == "application/json":
+            body = await _read_body(request, settings.max_upload_bytes * 4 // 3 + 4096)
+            try:
+                parsed = schemas.OcrJsonRequest.model_validate_json(body)
+            except ValueError as error:
+                raise HTTPProblem(422, f"invalid JSON request: {error}") from None
+            if parsed.uri:
+                return parsed.uri, await asyncio.to_thread(_read_allowed_s3, parsed.uri, settings)
+            try:
+                data = base64.b64decode(parsed.document or "", validate=True)
+            except (binascii.Error, ValueError):
+                raise HTTPProblem(400, "'document' is not valid base64") from None
+            if len(data) > settings.max_upload_bytes:
+                raise HTTPProblem(413, f"the document is over the limit of {settings.max_upload_bytes} bytes")
+            return parsed.filename or "document", data
+        raise HTTPProblem(415, f"unsupported content type {content_type or '(none)'!r}; send multipart/form-data "
+                               "with a 'file' field or application/json")
+
+    def run(self, prepared) -> dict:
+        from ..pipelines.assembly import document_markdown, page_markdown
+        from ..pipelines.documents import DocumentError
+
+        name, document = prepared
+        try:
+            pages = list(document.pages())
+        except DocumentError as error:
+            raise HTTPProblem(DOCUMENT_ERROR_STATUS.get(error.reason, 422), f"{error.reason}: {error.message}") from None
+        results = self.service.page_ocr.read_pages(pages)
+        stats = [region.stats for page in results for region in page.regions if region.stats]
+        committed = sum(s["committed_tokens"] for s in stats)
+        passes = sum(s["forward_passes"] for s in stats)
+        return {
+            "document_id": name,
+            "page_count": len(results),
+            "markdown": document_markdown(results),
+            "pages": [{"page_number": page.page_number, "markdown": page_markdown(page), "result": page.to_dict()}
+                      for page in results],
+            "stats": {"committed_tokens": committed, "forward_passes": passes,
+                      "tokens_per_forward": committed / passes if passes else 0.0},
+        }
+
+
+def _read_allowed_s3(uri: str, settings: ServeSettings) -> bytes:
+    """Only s3:// objects in allow-listed buckets: a request can never make the server read
+    a local file or fetch an arbitrary URL."""
+    from ..pipelines.storage import read_bytes, resolve
+
+    if not uri.startswith("s3://"):
+        raise HTTPProblem(400, "only s3:// URIs are accepted as 'uri'")
+    bucket, _, key = uri[len("s3://"):].partition("/")
+    if bucket not in settings.allowed_buckets:
+        raise HTTPProblem(403, f"bucket {bucket!r} is not in the server's allow-list")
+    if not key or key.endswith("/"):
+        raise HTTPProblem(400, f"{uri!r} names no object")
+    location = resolve(f"s3://{bucket}", settings.s3_endpoint_url)
+    try:
+        return read_bytes(location, key)
+    except FileNotFoundError:
+        raise HTTPProblem(404, f"{uri} does not exist") from None
+    except OSError as error:
+        message = str(error)
+        if "NoSuchKey" in message or "Path does not exist" in message or "not found" in message.lower():
+            raise HTTPProblem(404, f"{uri} does not exist") from None
+        raise HTTPProblem(502, f"could not read {uri}: {message}") from None
+
+
+class _ChatWork:
+    """POST /v1/chat/completions: one image + a task prompt, read whole by the engine."""
+
+    def __init__(self, service: "OcrService"):
+        self.service = service
+
+    async def prepare(self, request: Request) -> schemas.ChatCompletionRequest:
+        content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if content_type != "application/json":
+            raise HTTPProblem(415, "chat completions take application/json")
+        body = await _read_body(request, self.service.settings.max_upload_bytes * 4 // 3 + 65536)
+        try:
+            return schemas.ChatCompletionRequest.model_validate_json(body)
+        except ValueError as error:
+            raise HTTPProblem(422, f"invalid chat completion request: {error}") from None
+
+    def run(self, chat: schemas.ChatCompletionRequest) -> dict:
+        from ..model.engine import Request as EngineRequest
+        from ..model.processor import InvalidInput
+        from ..pipelines.documents import DocumentError, open_document
+
+        image_url, prompt_text = chat.image_and_prompt()
+        if not image_url.startswith("data:"):
+            raise HTTPProblem(400, "images must be data: URLs; the server fetches nothing")
+        header, _, payload = image_url.partition(",")
+        if ";base64" not in header:
+            raise HTTPProblem(400, "data: URLs must be base64-encoded")
+        try:
+            data = base64.b64decode(payload, validate=True)
+        except (binascii.Error, ValueError):
+            raise HTTPProblem(400, "the image data: URL is not valid base64") from None
+        try:
+            page = next(iter(open_document("image", data, self.service.settings.dpi).pages()))
+        except DocumentError as error:
+            raise HTTPProblem(DOCUMENT_ERROR_STATUS.get(error.reason, 422), f"{error.reason}: {error.message}") from None
+        task = schemas.task_for_prompt(prompt_text)
+        processor = self.service.recognizer.processor
+        try:
+            prompt = processor.encode(page.image, task)
+        except InvalidInput as error:
+            raise HTTPProblem(422, str(error)) from None
+        limit = min(chat.max_tokens or self.service.settings.max_new_tokens, self.service.settings.max_new_tokens)
+        try:
+            result = self.service.loop.submit(EngineRequest("chat", prompt, limit)).result()
+        except InvalidInput as error:
+            raise HTTPProblem(413, str(error)) from None
+        text = processor.decode(result.token_ids)
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": chat.model or "gravityocr",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "finish_reason": "stop" if result.finish_reason == "eos" else "length"}],
+            "usage": {"prompt_tokens": prompt.length, "completion_tokens": len(result.token_ids),
+                      "total_tokens": prompt.length + len(result.token_ids)},
+            "gravityocr": {"tokens_per_forward": result.stats.tokens_per_forward,
+                           "accepted_per_round": list(result.stats.accepted_per_round), "task": task},
+        }
+
+
+@serve.deployment(name="OcrService")
+@serve.ingress(app)
+class OcrService:
+    def __init__(self, settings: ServeSettings):
+        self.settings = settings
+        self.token = settings.api_token()
+        self.in_flight = 0
+        self.ready = False
+        self._load()
+
+    def _load(self) -> None:
+        import torch
+
+        from ..model.engine import Engine, EngineConfig
+        from ..model.engine.loop import EngineLoop
+        from ..model.loading import DEFAULT_MODEL_DIR, load_recognizer
+        from ..pipelines.page_ocr import PageOcr, PageOcrConfig
+        from ..pipelines.recognizer import RecognizerConfig
+        from .recognition import SharedEngineRecognizer
+
+        torch.set_num_threads(self.settings.threads)
+        recognizer = load_recognizer(self.settings.model or DEFAULT_MODEL_DIR)
+        model = recognizer.model
+        context = model.config.text_config.max_position_embeddings
+        engine_config = EngineConfig(max_batch_size=self.settings.max_batch_size,
+                                     max_seq_len=min(self.settings.max_seq_len, context),
+                                     block_size=self.settings.block_size, mode=self.settings.mode,
+                                     device=str(model.device), dtype=model.dtype, num_threads=self.settings.threads)
+        self.loop = EngineLoop(lambda: Engine(model, engine_config, recognizer.processor.eos_token_ids))
+        self.recognizer = recognizer
+        recognizer_config = RecognizerConfig(mode=self.settings.mode, block_size=self.settings.block_size)
+        self.crops = SharedEngineRecognizer(recognizer, recognizer_config.capped(self.settings.max_new_tokens),
+                                            self.loop, max_seq_len=engine_config.max_seq_len)
+        self.page_ocr = PageOcr(self.crops, PageOcrConfig(dpi=self.settings.dpi, layout=self.settings.layout))
+        self.ready = True
+
+    # --- plumbing shared by the endpoints ------------------------------------------------
+
+    def _authorize(self, request: Request) -> None:
+        if self.token is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, supplied = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(supplied.strip().encode(), self.token.encode()):
+            raise HTTPProblem(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
+
+    async def _guarded(self, endpoint: str, request: Request, work):
+        """Auth, the replica's concurrency bound (503 + Retry-After, never a hang), the request
+        timeout (504), and latency metrics, around `work()` run off the event loop."""
+        started = time.perf_counter()
+        status = 500
+        try:
+            self._authorize(request)
+            if self.in_flight >= self.settings.max_concurrent_requests:
+                raise HTTPProblem(503, "the server is at capacity; retry later",
+                                  {"Retry-After": str(self.settings.retry_after_s)})
+            self.in_flight += 1
+            try:
+                prepared = await work.prepare(request)
+                body = await asyncio.wait_for(asyncio.to_thread(work.run, prepared),
+                                              timeout=self.settings.request_timeout_s)
+            except asyncio.TimeoutError:
+                raise HTTPProblem(504, f"the request took longer than {self.settings.request_timeout_s:g} s") from None
+            finally:
+                self.in_flight -= 1
+            status = 200
+            return body
+        except HTTPProblem as problem:
+            status = problem.status
+            raise
+        finally:
+            _record_latency(endpoint, status, time.perf_counter() - started)
+
+    # --- endpoints ----------------------------------------------------------------------
+
+    @app.get("/healthz")
+    async def healthz(self) -> dict:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz(self):
+        if not self.ready:
+            return JSONResponse({"status": "loading"}, status_code=503)
+        stats = self.loop.stats()
+        return {"status": "ready", "engine": {"batch_size": stats.batch_size, "waiting": stats.waiting,
+                                              "batches_run": stats.batches_run}}
+
+    @app.get("/v1/models")
+    async def models(self) -> dict:
+        return {"object": "list", "data": [{"id": "gravityocr", "object": "model", "owned_by": "gravityocr"}]}
+
+    @app.post(OCR_ROUTE, response_model=schemas.OcrResponse)
+    async def ocr(self, request: Request):
+        return await self._guarded(OCR_ROUTE, request, _OcrWork(self))
+
+    @app.post(CHAT_ROUTE, response_model=schemas.ChatCompletionResponse)
+    async def chat_completions(self, request: Request):
+        return await self._guarded(CHAT_ROUTE, request, _ChatWork(self))
+
+    @app.get("/v1/engine/stats")
+    async def engine_stats(self) -> dict:
+        stats = self.loop.stats()
+        return {"batches_run": stats.batches_run, "rounds": stats.rounds, "batch_size": stats.batch_size,
+                "waiting": stats.waiting, "peak_batch_size": self.loop.peak_batch_size,
+                "committed_tokens": stats.committed_tokens, "forward_passes": stats.forward_passes}
+
+
+
+def build_app(settings: ServeSettings, deployment_options: dict | None = None):
+    """The bound application; `deployment_options` are Serve deployment settings
+    (autoscaling_config, max_ongoing_requests, max_queued_requests, ray_actor_options)."""
+    deployment = OcrService.options(**deployment_options) if deployment_options else OcrService
+    return deployment.bind(settings)
+
+
+def app_builder(args: dict):
+    """Entry point for `serve run` / `serve deploy`: `import_path: gravityocr.serve.app:app_builder`."""
+    return build_app(ServeSettings.from_args(args))

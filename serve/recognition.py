@@ -1,0 +1,36 @@
+"""Crops read by a replica's shared engine loop instead of an engine of their own."""
+
+from __future__ import annotations
+
+from ..model.engine import Request
+from ..model.processor import InvalidInput
+from ..pipelines.recognizer import CropRecognizer, CropResult
+
+
+class SharedEngineRecognizer(CropRecognizer):
+    """A `CropRecognizer` whose crops go to a long-lived `EngineLoop`, so the crops of
+    concurrent HTTP requests are decoded in the same batches."""
+
+    def __init__(self, recognizer, config, loop, max_seq_len: int):
+        super().__init__(recognizer, config)
+        self.loop = loop
+        self.max_seq_len = max_seq_len
+
+    def _decode(self, jobs) -> dict[int, CropResult]:
+        futures = {}
+        results: dict[int, CropResult] = {}
+        for job in jobs:
+            budget = min(job.max_new_tokens, self.max_seq_len - job.prompt.length)
+            if budget < 1:
+                results[job.index] = CropResult("", error=f"crop needs {job.prompt.length} prompt tokens, more than "
+                                                          f"the engine's {self.max_seq_len}")
+                continue
+            futures[job.index] = self.loop.submit(Request(str(job.index), job.prompt, budget))
+        for index, future in futures.items():
+            try:
+                finished = future.result()
+            except (InvalidInput, ValueError) as error:
+                results[index] = CropResult("", error=str(error))
+                continue
+            results[index] = self._finish(finished.token_ids, finished.stats, finished.finish_reason)
+        return results

@@ -1,0 +1,54 @@
+"""Settings of the online service: one dataclass, filled from a Serve config's `args`."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TOKEN_ENV = "GRAVITYOCR_API_TOKEN"
+TOKEN_FILE_ENV = "GRAVITYOCR_API_TOKEN_FILE"
+
+
+@dataclass
+class ServeSettings:
+    model: str | None = None  # directory or hub name; None: the shipped default
+    mode: str = "spec"  # "spec" | "ar"
+    max_batch_size: int = 32  # sequences one replica's engine decodes together
+    block_size: int = 32
+    max_seq_len: int = 2048  # prompt + output tokens of one crop
+    max_new_tokens: int = 1024  # cap per crop (chat requests may ask for less)
+    dpi: float = 150
+    layout: str = "projection"
+    threads: int = 1  # torch threads per replica
+    max_upload_bytes: int = 20 * 1024 * 1024
+    max_pages: int = 20
+    request_timeout_s: float = 120.0
+    max_concurrent_requests: int = 32  # per replica; more answers 503 with Retry-After
+    retry_after_s: int = 2
+    allowed_buckets: list[str] = field(default_factory=list)  # s3:// sources a request may name
+    s3_endpoint_url: str | None = None
+    api_token_file: str | None = None  # bearer token in a file; or GRAVITYOCR_API_TOKEN(_FILE) in the env
+
+    @classmethod
+    def from_args(cls, args: dict | None) -> "ServeSettings":
+        args = dict(args or {})
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(args) - known
+        if unknown:
+            raise ValueError(f"unknown serve settings {sorted(unknown)}; known: {sorted(known)}")
+        settings = cls(**args)
+        if settings.mode not in ("spec", "ar"):
+            raise ValueError(f"mode must be 'spec' or 'ar', got {settings.mode!r}")
+        return settings
+
+    def api_token(self) -> str | None:
+        """The bearer token requests must carry, or None when auth is off. Never logged."""
+        path = self.api_token_file or os.environ.get(TOKEN_FILE_ENV)
+        if path:
+            token = Path(path).read_text().strip()
+            if not token:
+                raise ValueError(f"the API token file {path} is empty")
+            return token
+        return os.environ.get(TOKEN_ENV) or None

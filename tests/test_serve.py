@@ -1,0 +1,212 @@
+"""`gravityocr serve`: real HTTP to a real Ray Serve app on a local Ray cluster."""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures
+import io
+import json
+import socket
+
+import httpx
+import pytest
+import torch
+
+from gravityocr.model.loading import Recognizer, load_recognizer, save_recognizer
+from gravityocr.pipelines import synthetic_pages
+from gravityocr.pipelines.documents import load_pages
+from gravityocr.pipelines.page_ocr import PageOcr, PageOcrConfig
+from gravityocr.pipelines.recognizer import CropRecognizer, RecognizerConfig
+from gravityocr.serve.app import build_app
+from gravityocr.serve.settings import ServeSettings
+
+from conftest import OVERFIT_TEXTS, random_image
+from ray_cluster import ray_cluster  # noqa: F401  (fixture)
+from s3_endpoint import CREDENTIALS, s3_endpoint  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.timeout(600)
+TOKEN = "serve-test-token-7f3a"
+SMALL_UPLOAD = 40_000
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def served(ray_cluster, s3_endpoint, trained_tiny_model, processor, tmp_path_factory):
+    from ray import serve
+
+    model_dir = tmp_path_factory.mktemp("serve-model")
+    save_recognizer(Recognizer(trained_tiny_model.to(torch.float32), processor), model_dir)
+    trained_tiny_model.to(torch.float64)
+    token_file = tmp_path_factory.mktemp("secret") / "token"
+    token_file.write_text(TOKEN)
+    port = _free_port()
+    serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
+    options = {"ray_actor_options": {"num_cpus": 0.25, "runtime_env": {"env_vars": CREDENTIALS}}}
+    common = dict(model=str(model_dir), max_new_tokens=120, s3_endpoint_url=s3_endpoint.url)
+    serve.run(build_app(ServeSettings(**common, allowed_buckets=["inbox"]), options), name="open", route_prefix="/")
+    serve.run(build_app(ServeSettings(**common, api_token_file=str(token_file)), options), name="secured",
+              route_prefix="/secured")
+    serve.run(build_app(ServeSettings(**common, max_concurrent_requests=1, max_upload_bytes=SMALL_UPLOAD, max_pages=1,
+                                      request_timeout_s=20), options), name="strict", route_prefix="/strict")
+    try:
+        yield {"url": f"http://127.0.0.1:{port}", "model_dir": str(model_dir)}
+    finally:
+        serve.shutdown()
+
+
+def _png_bytes(image) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _data_url(image) -> str:
+    return "data:image/png;base64," + base64.b64encode(_png_bytes(image)).decode()
+
+
+def _chat(url, image, prompt="Text Recognition:", headers=None):
+    body = {"model": "gravityocr", "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": _data_url(image)}}, {"type": "text", "text": prompt}]}]}
+    return httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers or {}, timeout=120)
+
+
+def _in_process_markdown(model_dir, name, data):
+    reader = PageOcr(CropRecognizer(load_recognizer(model_dir), RecognizerConfig().capped(120)), PageOcrConfig())
+    return [page.to_dict()["regions"] for page in reader.read_pages(load_pages(name, data))]
+
+
+def test_health_readiness_and_openapi(served):
+    assert httpx.get(f"{served['url']}/healthz", timeout=30).json() == {"status": "ok"}
+    assert httpx.get(f"{served['url']}/readyz", timeout=30).json()["status"] == "ready"
+    paths = httpx.get(f"{served['url']}/openapi.json", timeout=30).json()["paths"]
+    assert {"/v1/ocr", "/v1/chat/completions", "/healthz", "/readyz"} <= set(paths)
+
+
+def test_png_and_two_page_pdf_round_trip_as_the_library_reads_them(served):
+    png = _png_bytes(synthetic_pages.sample_pages(1, seed=7)[0].image)
+    response = httpx.post(f"{served['url']}/v1/ocr", files={"file": ("page.png", png, "image/png")}, timeout=120)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["page_count"] == 1 and body["pages"][0]["result"]["regions"]
+    assert [p["result"]["regions"] for p in body["pages"]] == _in_process_markdown(served["model_dir"], "page.png", png)
+
+    pdf = synthetic_pages.pdf_bytes(synthetic_pages.sample_pages(2, seed=8))
+    response = httpx.post(f"{served['url']}/v1/ocr", json={"document": base64.b64encode(pdf).decode(),
+                                                             "filename": "two.pdf"}, timeout=120)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert [p["page_number"] for p in body["pages"]] == [1, 2]
+    assert body["markdown"].index("<!-- page 1 -->") < body["markdown"].index("<!-- page 2 -->")
+    assert [p["result"]["regions"] for p in body["pages"]] == _in_process_markdown(served["model_dir"], "two.pdf", pdf)
+    assert body["stats"]["forward_passes"] > 0
+
+
+def test_s3_uri_only_from_allowed_buckets(served, s3_endpoint):
+    client = s3_endpoint.client()
+    client.create_bucket(Bucket="inbox")
+    client.create_bucket(Bucket="private")
+    png = _png_bytes(synthetic_pages.sample_pages(1, seed=9)[0].image)
+    client.put_object(Bucket="inbox", Key="scan.png", Body=png)
+    client.put_object(Bucket="private", Key="scan.png", Body=png)
+    url = f"{served['url']}/v1/ocr"
+    assert httpx.post(url, json={"uri": "s3://inbox/scan.png"}, timeout=120).status_code == 200
+    assert httpx.post(url, json={"uri": "s3://private/scan.png"}, timeout=60).status_code == 403
+    assert httpx.post(url, json={"uri": "s3://inbox/missing.png"}, timeout=60).status_code == 404
+    for uri in ("file:///etc/passwd", "http://127.0.0.1:1/x.png", "/etc/passwd"):
+        response = httpx.post(url, json={"uri": uri}, timeout=60)
+        assert response.status_code == 400 and "s3://" in response.json()["error"]["message"]
+
+
+def test_openai_client_reads_a_memorised_crop(served, tokenizer):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{served['url']}/v1", api_key="unused")
+    for index, (text, prompt) in enumerate(zip(OVERFIT_TEXTS, ["Text Recognition:", "Table Recognition:",
+                                                               "Formula Recognition:"])):
+        image = random_image(100 + index, 84 + 28 * index, 56)
+        reply = client.chat.completions.create(model="gravityocr", max_tokens=120, messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": _data_url(image)}}, {"type": "text", "text": prompt}]}])
+        assert reply.choices[0].message.content == text
+        assert reply.choices[0].finish_reason == "stop"
+        assert reply.usage.completion_tokens == len(tokenizer.encode(text, add_special_tokens=False)) + 1  # + eos
+
+
+def test_32_concurrent_requests_share_engine_batches(served):
+    images = [(random_image(100 + i % 3, 84 + 28 * (i % 3), 56), i % 3) for i in range(32)]
+    prompts = ["Text Recognition:", "Table Recognition:", "Formula Recognition:"]
+    with concurrent.futures.ThreadPoolExecutor(32) as pool:
+        replies = list(pool.map(lambda item: _chat(served["url"], item[0], prompts[item[1]]), images))
+    assert [r.status_code for r in replies] == [200] * 32
+    assert [r.json()["choices"][0]["message"]["content"] for r in replies] == [OVERFIT_TEXTS[k] for _, k in images]
+    stats = httpx.get(f"{served['url']}/v1/engine/stats", timeout=30).json()
+    assert stats["peak_batch_size"] > 1
+
+
+def test_overload_answers_503_with_retry_after_then_serves_again(served):
+    png = _png_bytes(random_image(100, 84, 56))  # under the strict app's upload limit
+    url = f"{served['url']}/strict/v1/ocr"
+
+    def post(_):
+        return httpx.post(url, files={"file": ("p.png", png, "image/png")}, timeout=120)
+
+    with concurrent.futures.ThreadPoolExecutor(12) as pool:
+        replies = list(pool.map(post, range(12)))
+    codes = [r.status_code for r in replies]
+    assert 503 in codes and 200 in codes, codes
+    assert set(codes) <= {200, 503}
+    assert all(r.headers.get("retry-after") for r in replies if r.status_code == 503)
+    assert post(0).status_code == 200
+
+
+def test_auth_on_and_off(served):
+    image = random_image(100, 84, 56)
+    secured = served["url"] + "/secured"
+    assert _chat(secured, image).status_code == 401
+    assert _chat(secured, image, headers={"Authorization": "Bearer wrong"}).status_code == 401
+    reply = _chat(secured, image, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"] == OVERFIT_TEXTS[0]
+    assert _chat(served["url"], image).status_code == 200  # the open app needs none
+    assert httpx.get(f"{secured}/healthz", timeout=30).status_code == 200  # probes stay open
+
+
+BAD_REQUESTS = [
+    # (route, kwargs for httpx.post, status, words the message must contain)
+    ("/strict/v1/ocr", {"files": {"file": ("big.png", b"\x89PNG" + b"0" * (SMALL_UPLOAD + 10), "image/png")}}, 413, "limit"),
+    ("/strict/v1/ocr", {"content": json.dumps({"document": base64.b64encode(b"x" * (SMALL_UPLOAD + 10)).decode()}),
+                        "headers": {"content-type": "application/json"}}, 413, "limit"),
+    ("/v1/ocr", {"content": b"hello", "headers": {"content-type": "text/plain"}}, 415, "content type"),
+    ("/v1/ocr", {"files": {"file": ("notes.png", b"just some text, not a picture", "image/png")}}, 415, "unsupported_format"),
+    ("/v1/ocr", {"files": {"file": ("empty.pdf", b"", "application/pdf")}}, 400, "empty"),
+    ("/v1/ocr", {"files": {"file": ("cut.pdf", b"%PDF-1.7\n1 0 obj\n<< /Type /Catalog", "application/pdf")}}, 422, "corrupt"),
+    ("/v1/ocr", {"json": {"document": "not base64!!"}}, 400, "base64"),
+    ("/v1/ocr", {"json": {"filename": "x"}}, 422, "exactly one"),
+    ("/v1/ocr", {"content": b"{not json", "headers": {"content-type": "application/json"}}, 422, "invalid JSON"),
+    ("/v1/ocr", {"files": {"other": (None, "field")}}, 422, "'file'"),
+    ("/v1/chat/completions", {"json": {"messages": [{"role": "user", "content": "read this"}]}}, 422, "image_url"),
+    ("/v1/chat/completions", {"json": {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "http://127.0.0.1:1/a.png"}}]}]}}, 400, "data: URLs"),
+    ("/v1/chat/completions", {"json": {"messages": []}}, 422, "messages"),
+]
+
+
+@pytest.mark.parametrize("route,request_kwargs,status,words", BAD_REQUESTS)
+def test_bad_requests_get_their_status_and_the_server_keeps_serving(served, route, request_kwargs, status, words):
+    response = httpx.post(served["url"] + route, timeout=60, **request_kwargs)
+    assert response.status_code == status, response.text
+    assert words.lower() in response.text.lower()
+    assert httpx.get(f"{served['url']}/readyz", timeout=30).status_code == 200
+    assert _chat(served["url"], random_image(100, 84, 56)).status_code == 200
+
+
+def test_page_count_limit(served):
+    buffer = io.BytesIO()
+    random_image(1, 84, 56).save(buffer, "PDF", save_all=True, append_images=[random_image(2, 84, 56)])
+    pdf = buffer.getvalue()  # two small pages, under the strict app's upload limit
+    response = httpx.post(f"{served['url']}/strict/v1/ocr", files={"file": ("two.pdf", pdf, "application/pdf")},
+                          timeout=60)
+    assert response.status_code == 413 and "limit is 1" in response.text
