@@ -1,55 +1,56 @@
-"""The `gravityocr` command: one entry point, a subcommand per job."""
+"""The `gravityocr` command: one entry point, a subcommand per job.
+
+Only the module of the subcommand being run is imported, so `gravityocr --help` does not
+pay for torch and Ray.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
+# subcommand -> (module with add_arguments(parser) and run(args), help)
+COMMANDS = {
+    "batch": ("gravityocr.pipelines.batch_job",
+              "OCR every document under INPUT into OUTPUT (local, file:// or s3://) on Ray"),
+    "ocr": ("gravityocr.pipelines.ocr_cli", "OCR local files in-process and print or write markdown/JSON"),
+    "serve": ("gravityocr.serve.cli", "serve the OCR HTTP API on Ray Serve"),
+    "train": ("gravityocr.model.training", "train a recogniser with the joint objective"),
+    "eval": ("gravityocr.model.evaluation", "score a recogniser on an evaluation manifest directory"),
+}
+# bench subcommand -> (module with main(argv) -> int, help)
+BENCHMARKS = {
+    "decode": ("gravityocr.bench.decode", "AR vs self-speculative decode speed by batch size and content type"),
+    "pages": ("gravityocr.bench.pages", "seconds per page and page score: ours (AR, spec) and peers"),
+    "batch": ("gravityocr.bench.batch", "batch job pages/s for 1 and 2 engine actors, AR vs spec, peak memory"),
+    "serve": ("gravityocr.bench.serve", "HTTP latency p50/p99 and requests/s by concurrency, AR vs spec"),
+}
 
-def _not_yet(name: str):
-    def run(args) -> int:
-        print(f"gravityocr {name}: not yet available in this version", file=sys.stderr)
-        return 2
-    return run
 
-
-def _lazy(parser: argparse.ArgumentParser, module_name: str) -> None:
-    """Give a subcommand the arguments and runner of `module_name`, imported only when
-    it runs: `gravityocr --help` must not pay for torch and Ray imports."""
-    import importlib
-
-    module = importlib.import_module(module_name)
-    module.add_arguments(parser)
-    parser.set_defaults(run=module.run)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gravityocr", description="Batch and online OCR with exact self-speculative decoding.")
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gravityocr",
+                                     description="Batch and online OCR with exact self-speculative decoding.")
     commands = parser.add_subparsers(dest="command", required=True)
-    train = commands.add_parser("train", help="train a recogniser with the joint objective")
-    _lazy(train, "gravityocr.model.training")
-    evaluate = commands.add_parser("eval", help="score a recogniser on an evaluation manifest directory")
-    _lazy(evaluate, "gravityocr.model.evaluation")
-    batch = commands.add_parser("batch", help="OCR every document under INPUT into OUTPUT (local, file:// or s3://) on Ray")
-    _lazy(batch, "gravityocr.pipelines.batch_job")
-    serve = commands.add_parser("serve", help="serve the OCR HTTP API on Ray Serve")
-    _lazy(serve, "gravityocr.serve.cli")
-    for name, help_text in [
-        ("ocr", "OCR local files in-process and print or write markdown/JSON"),
-    ]:
-        sub = commands.add_parser(name, help=help_text, add_help=False)
-        sub.set_defaults(run=_not_yet(name))
+    for name, (module_name, help_text) in COMMANDS.items():
+        sub = commands.add_parser(name, help=help_text)
+        if name == command:
+            module = importlib.import_module(module_name)
+            module.add_arguments(sub)
+            sub.set_defaults(run=module.run)
     bench = commands.add_parser("bench", help="benchmarks that print figures")
-    bench_commands = bench.add_subparsers(dest="bench_command", required=True)
-    bench_commands.add_parser("decode", help="AR vs self-speculative decode speed", add_help=False).set_defaults(
-        run=_not_yet("bench decode"))
+    bench.add_argument("benchmark", choices=sorted(BENCHMARKS), help="which benchmark")
+    bench.add_argument("options", nargs=argparse.REMAINDER, help="the benchmark's own options (see its --help)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args, rest = build_parser().parse_known_args(argv)
-    args.rest = rest
+    command = next((word for word in argv if not word.startswith("-")), None)
+    args = build_parser(command).parse_args(argv)
+    if args.command == "bench":
+        module = importlib.import_module(BENCHMARKS[args.benchmark][0])
+        return module.main(args.options)
     return args.run(args)
 
 
