@@ -1,0 +1,118 @@
+"""`gravityocr bench serve`: latency p50/p99 and requests/s of the HTTP API at several
+concurrencies, self-speculative vs AR, in one run against a local Ray Serve on 127.0.0.1.
+
+The load is bounded: each level sends at most --requests requests and stops after
+--max-seconds, whichever comes first. Requests are chat completions of held-out crops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import concurrent.futures
+import io
+import json
+import socket
+import statistics
+import time
+from pathlib import Path
+
+import httpx
+
+from ..model.manifest import read_manifest
+from ..serve.app import build_app
+from ..serve.settings import ServeSettings
+
+PROMPTS = {"text": "Text Recognition:", "table": "Table Recognition:", "formula": "Formula Recognition:"}
+HELDOUT = Path(__file__).resolve().parent.parent / "data" / "heldout"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _bodies(data: Path, limit: int) -> list[dict]:
+    bodies = []
+    for item in read_manifest(data)[:limit]:
+        if item.type not in PROMPTS:
+            continue
+        buffer = io.BytesIO()
+        item.load_image().save(buffer, format="PNG")
+        url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+        bodies.append({"model": "gravityocr", "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": PROMPTS[item.type]}]}]})
+    return bodies
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def load_level(url: str, bodies: list[dict], concurrency: int, requests: int, max_seconds: float) -> dict:
+    latencies, statuses = [], []
+    deadline = time.monotonic() + max_seconds
+    with httpx.Client(timeout=300) as client:
+        def one(index: int):
+            if time.monotonic() > deadline:
+                return None
+            start = time.perf_counter()
+            response = client.post(f"{url}/v1/chat/completions", json=bodies[index % len(bodies)])
+            return time.perf_counter() - start, response.status_code
+
+        started = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+            for outcome in pool.map(one, range(requests)):
+                if outcome:
+                    latencies.append(outcome[0])
+                    statuses.append(outcome[1])
+        elapsed = time.perf_counter() - started
+    ok = [lat for lat, status in zip(latencies, statuses) if status == 200]
+    return {"concurrency": concurrency, "requests": len(statuses), "ok": len(ok),
+            "p50_s": round(statistics.median(ok), 4) if ok else None,
+            "p99_s": round(_percentile(ok, 0.99), 4) if ok else None,
+            "requests_per_second": round(len(ok) / elapsed, 3)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gravityocr bench serve", description=__doc__)
+    parser.add_argument("--model", help="model directory (default: the shipped model)")
+    parser.add_argument("--data", default=str(HELDOUT), help="manifest directory of crops to send")
+    parser.add_argument("--concurrency", default="1,8,32")
+    parser.add_argument("--requests", type=int, default=64, help="requests per level at most")
+    parser.add_argument("--max-seconds", type=float, default=120, help="time per level at most")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per replica")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+
+    import ray
+    from ray import serve
+
+    bodies = _bodies(Path(args.data), 200)
+    port = _free_port()
+    ray.init(log_to_driver=False, include_dashboard=False)
+    serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
+    rows = []
+    try:
+        for mode in ("ar", "spec"):
+            settings = ServeSettings(model=args.model, mode=mode, threads=args.threads, max_concurrent_requests=64)
+            serve.run(build_app(settings, {"ray_actor_options": {"num_cpus": 1}}), name=f"bench-{mode}",
+                      route_prefix=f"/{mode}")
+            url = f"http://127.0.0.1:{port}/{mode}"
+            load_level(url, bodies, 1, 2, 60)  # warm-up
+            for concurrency in [int(c) for c in args.concurrency.split(",")]:
+                rows.append({"mode": mode, **load_level(url, bodies, concurrency, args.requests, args.max_seconds)})
+            serve.delete(f"bench-{mode}")
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+    if args.json:
+        print(json.dumps({"rows": rows}))
+    else:
+        print(f"{'mode':>5} {'conc':>5} {'ok/sent':>9} {'p50 s':>8} {'p99 s':>8} {'req/s':>8}")
+        for r in rows:
+            print(f"{r['mode']:>5} {r['concurrency']:>5} {r['ok']:>4}/{r['requests']:<4} {r['p50_s']!s:>8} "
+                  f"{r['p99_s']!s:>8} {r['requests_per_second']:>8}")
+    return 0
