@@ -1,0 +1,55 @@
+"""Engine settings and the two ways the engine refuses work up front (never by running
+out of memory half-way through a batch)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from ..processor import InvalidInput
+
+
+class RequestTooLong(InvalidInput):
+    """prompt + max_new_tokens does not fit a cache slot (EngineConfig.max_seq_len)."""
+
+
+class CacheTooLarge(ValueError):
+    """The KV cache the config asks for would not fit in the memory that is free."""
+
+
+def _usable_cpus() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+@dataclass
+class EngineConfig:
+    max_batch_size: int = 64  # cache slots = sequences decoded together in one round
+    max_seq_len: int = 2048  # per slot: prompt + new tokens
+    block_size: int = 32  # draft block B (mode "spec")
+    mode: Literal["spec", "ar"] = "spec"
+    device: str = "cpu"
+    dtype: torch.dtype = torch.float32
+    num_threads: int = field(default_factory=_usable_cpus)  # torch.set_num_threads at engine start
+    # Per-request block from its running acceptance: next = clamp(2 * mean(recent) + 2, 4, block_size).
+    # Large batches pay for every rejected draft position; short blocks waste less.
+    adaptive_block: bool = False
+    adaptive_window: int = 4  # rounds that "recent" covers
+
+    def __post_init__(self):
+        if self.mode not in ("spec", "ar"):
+            raise ValueError(f"mode must be 'spec' or 'ar', got {self.mode!r}")
+        if self.max_batch_size < 1 or self.max_seq_len < 2:
+            raise ValueError(f"max_batch_size must be >= 1 and max_seq_len >= 2, got {self.max_batch_size}, {self.max_seq_len}")
+        if self.block_size < 2:
+            raise ValueError(f"block_size must be at least 2, got {self.block_size}")
+        if self.num_threads < 1:
+            raise ValueError(f"num_threads must be at least 1, got {self.num_threads}")
+
+    @property
+    def slot_capacity(self) -> int:
+        """Tokens one slot holds: max_seq_len plus room for the mask tokens of a draft pass
+        started just before the end (their KV is written, then dropped)."""
+        return self.max_seq_len + self.block_size + 1

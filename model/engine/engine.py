@@ -1,0 +1,200 @@
+"""The decoding engine: continuous batching of self-speculative (or plain AR) decoding.
+
+One `step()` is one round for every running sequence: admit waiting requests into free
+slots (one batched prefill), then draft + verify every running sequence together (or one
+AR token each), commit, and hand back the sequences that finished. The output of every
+request is token for token what `decoding.greedy_decode` writes for it alone.
+
+Single-threaded and synchronous on purpose: a Ray actor or a Serve replica owns one
+engine and calls `add_request` / `step` (or `generate`) from its own loop.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from .config import EngineConfig, RequestTooLong
+from .runner import ModelRunner
+from .scheduler import Scheduler
+from .sequence import Request, RequestResult, Sequence
+
+
+@dataclass
+class EngineStats:
+    """Counters for metrics, since the engine started."""
+
+    batches_run: int = 0  # batched forward passes (prefill, draft, verify, AR)
+    rounds: int = 0  # decode rounds (one per step that had running sequences)
+    batch_size: int = 0  # sequences running now
+    waiting: int = 0  # requests queued for a slot
+    finished_requests: int = 0
+    committed_tokens: int = 0  # all committed tokens, prefill's first token included
+    forward_passes: int = 0  # per sequence, as in DecodeStats: TPF = committed / passes
+    decode_tokens: int = 0  # tokens committed by decode rounds (not by prefill)
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0  # wall time of decode rounds only
+    # CPU time of the whole process (all threads) during decode rounds: unlike wall time,
+    # not inflated when other processes compete for the cores (used by the bench).
+    decode_cpu_seconds: float = 0.0
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        return self.decode_tokens / self.decode_seconds if self.decode_seconds else 0.0
+
+
+class Engine:
+    def __init__(self, model, config: EngineConfig | None = None, eos_token_ids=(), tokenizer=None):
+        """`model` is moved to config.device / config.dtype and put in eval mode.
+        `tokenizer` (a tokenizer or an OcrProcessor) is only used to fill RequestResult.text."""
+        self.config = config or EngineConfig()
+        torch.set_num_threads(self.config.num_threads)
+        context = model.config.text_config.max_position_embeddings
+        if self.config.max_seq_len > context:
+            raise ValueError(f"max_seq_len {self.config.max_seq_len} exceeds the model's context of {context}")
+        self.model = model.to(device=self.config.device, dtype=self.config.dtype).eval()
+        self.eos_ids = frozenset(int(t) for t in eos_token_ids)
+        self.tokenizer = tokenizer
+        self.runner = ModelRunner(self.model, self.config)
+        self.scheduler = Scheduler(self.config.max_batch_size)
+        self._stats = EngineStats()
+        self._ids: set[str] = set()  # request ids waiting or running
+
+    # --- the API --------------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        """Queue a request; it joins the batch at the start of the next step."""
+        self._check(request)
+        self._ids.add(request.request_id)
+        self.scheduler.add(Sequence(request, self.eos_ids, recent_accepted=deque(maxlen=self.config.adaptive_window)))
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def step(self) -> list[RequestResult]:
+        """Admit waiting requests, run one round for every running sequence; returns the
+        requests that finished in this step."""
+        finished: list[RequestResult] = []
+        newcomers = self.scheduler.admit()
+        if newcomers:
+            self._prefill(newcomers, finished)
+        running = list(self.scheduler.running)
+        if running:
+            start, cpu_start = time.perf_counter(), time.process_time()
+            if self.config.mode == "spec":
+                self._speculative_round(running)
+            else:
+                self._ar_round(running)
+            elapsed = time.perf_counter() - start
+            self._stats.rounds += 1
+            self._stats.decode_seconds += elapsed
+            self._stats.decode_cpu_seconds += time.process_time() - cpu_start
+            for sequence in running:
+                sequence.timings.decode_seconds += elapsed
+            self._finish_all([s for s in running if s.finished], finished)
+        return finished
+
+    def generate(self, requests: list[Request]) -> list[RequestResult]:
+        """Decode all `requests` to the end; results in request order."""
+        if self.has_work():
+            raise RuntimeError("generate() needs an idle engine; use add_request/step alongside other requests")
+        if len({r.request_id for r in requests}) != len(requests):
+            raise ValueError("generate() needs distinct request ids")
+        for request in requests:  # refuse the whole batch before queueing any of it
+            self._check(request)
+        for request in requests:
+            self.add_request(request)
+        results: dict[str, RequestResult] = {}
+        while self.has_work():
+            results.update((r.request_id, r) for r in self.step())
+        return [results[r.request_id] for r in requests]
+
+    def stats(self) -> EngineStats:
+        self._stats.batches_run = self.runner.batched_passes
+        self._stats.batch_size = len(self.scheduler.running)
+        self._stats.waiting = len(self.scheduler.waiting)
+        return EngineStats(**vars(self._stats))
+
+    def _check(self, request: Request) -> None:
+        """Refuse a request that could never finish in its slot, before it is queued."""
+        if request.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, got {request.max_new_tokens}")
+        total = request.prompt.length + request.max_new_tokens
+        if total > self.config.max_seq_len:
+            raise RequestTooLong(
+                f"request {request.request_id!r}: prompt of {request.prompt.length} tokens plus "
+                f"{request.max_new_tokens} new tokens is {total}, more than the engine's max_seq_len of "
+                f"{self.config.max_seq_len}; use a smaller image or fewer new tokens"
+            )
+        if request.request_id in self._ids:
+            raise ValueError(f"request id {request.request_id!r} is already queued or running")
+
+    # --- one round --------------------------------------------------------------------
+
+    def _prefill(self, newcomers: list[Sequence], finished: list[RequestResult]) -> None:
+        start = time.perf_counter()
+        first_tokens = self.runner.prefill(newcomers)
+        elapsed = time.perf_counter() - start
+        self._stats.prefill_seconds += elapsed
+        for sequence, token in zip(newcomers, first_tokens):
+            sequence.timings.queue_seconds = start - sequence.added_at
+            sequence.timings.prefill_seconds = elapsed
+            self._count_pass(sequence)
+            self._commit(sequence, [token], in_decode=False)
+        self._finish_all([s for s in newcomers if s.finished], finished)
+
+    def _speculative_round(self, running: list[Sequence]) -> None:
+        blocks = [s.next_block(self.config.block_size, self.config.adaptive_block) for s in running]
+        output = self.runner.speculative_round(running, blocks)
+        for sequence, y, accepted, after_y in zip(running, output.y, output.accepted, output.after_y):
+            self._count_pass(sequence)  # draft
+            self._commit(sequence, [y])
+            if sequence.finished:  # the reference stops here: its verify pass never ran
+                sequence.stats.accepted_per_round.append(0)
+                continue
+            self._count_pass(sequence)  # verify
+            sequence.stats.accepted_per_round.append(accepted)
+            sequence.recent_accepted.append(accepted)
+            self._commit(sequence, after_y)
+
+    def _ar_round(self, running: list[Sequence]) -> None:
+        for sequence, token in zip(running, self.runner.ar_round(running)):
+            self._count_pass(sequence)
+            self._commit(sequence, [token])
+
+    def _count_pass(self, sequence: Sequence) -> None:
+        sequence.stats.forward_passes += 1
+        self._stats.forward_passes += 1
+
+    def _commit(self, sequence: Sequence, tokens: list[int], in_decode: bool = True) -> None:
+        before = len(sequence.tokens)
+        sequence.commit(tokens)
+        added = len(sequence.tokens) - before
+        self._stats.committed_tokens += added
+        if in_decode:
+            self._stats.decode_tokens += added
+
+    def _finish_all(self, done: list[Sequence], finished: list[RequestResult]) -> None:
+        # Highest slot first: a finished sequence in the last slot then never moves.
+        for sequence in sorted(done, key=lambda s: s.slot, reverse=True):
+            finished.append(self._finish(sequence))
+
+    def _finish(self, sequence: Sequence) -> RequestResult:
+        self.runner.cache.lengths[sequence.slot] = 0
+        moved = self.scheduler.release(sequence)
+        if moved is not None:  # the last slot's sequence took the freed slot: its KV follows
+            moved_sequence, moved_from = moved
+            self.runner.cache.move(moved_from, moved_sequence.slot)
+        self._ids.discard(sequence.request.request_id)
+        self._stats.finished_requests += 1
+        return sequence.result(self._decode_text(sequence.tokens))
+
+    def _decode_text(self, token_ids: list[int]) -> str | None:
+        if self.tokenizer is None:
+            return None
+        if hasattr(self.tokenizer, "image_processor"):  # an OcrProcessor
+            return self.tokenizer.decode(token_ids)
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)

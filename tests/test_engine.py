@@ -1,0 +1,228 @@
+"""The batched engine writes, for every request, exactly what single-sequence greedy
+decoding writes: at every batch size, with requests of mixed prompt lengths and budgets
+joining and leaving between rounds, in self-speculative and in AR mode.
+
+Everything runs in float64 (conftest's `trained_tiny_model`): random and briefly trained
+tiny models have nearly tied logits, and a batched pass sums in a different order than a
+single-sequence one (other matrix shapes, padded keys), so in float32 a 1e-7 difference
+could flip an argmax between two near-equal logits. In float64 such noise is ~1e-16, so
+a mismatch here means the engine's logic is wrong, not the arithmetic.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.cache_utils import DynamicCache
+
+from gravityocr.model.attention import causal_attention_mask
+from gravityocr.model.decoding import greedy_decode, prefill, speculative_decode
+from gravityocr.model.engine import CacheTooLarge, Engine, EngineConfig, Request, RequestTooLong
+
+from conftest import random_image
+
+REFERENCE_MAX_NEW = 64  # greedy output for any max_new_tokens <= this is a prefix of it
+MAX_NEW_CYCLE = [64, 7, 1, 2, 33, 25, 48, 18, 60, 3, 40, 11, 64]  # lengths 13: coprime with the pool
+IMAGE_SIZES = [(56, 56), (140, 28), (84, 84), (196, 56), (28, 112), (112, 84), (168, 28), (70, 42), (250, 60)]
+
+
+@pytest.fixture(scope="module")
+def model(trained_tiny_model):
+    return trained_tiny_model
+
+
+@pytest.fixture(scope="module")
+def eos(tokenizer):
+    return {tokenizer.eos_token_id}
+
+
+@pytest.fixture(scope="module")
+def prompt_pool(overfit_samples, processor):
+    """Prompts of mixed lengths (different image sizes): the memorised ones, whose drafts
+    are mostly accepted, and unseen images, whose drafts mostly are not."""
+    tasks = ["text", "table", "formula"]
+    unseen = [processor.encode(random_image(200 + i, w, h), tasks[i % 3]) for i, (w, h) in enumerate(IMAGE_SIZES)]
+    return [s.prompt for s in overfit_samples] + unseen
+
+
+@pytest.fixture(scope="module")
+def greedy_outputs(model, prompt_pool, eos):
+    return [greedy_decode(model, p, REFERENCE_MAX_NEW, eos).token_ids for p in prompt_pool]
+
+
+def make_requests(count: int, prompt_pool, first: int = 0) -> list[tuple[Request, int]]:
+    """`count` requests cycling through the pool and MAX_NEW_CYCLE; each with its pool index."""
+    requests = []
+    for i in range(first, first + count):
+        index = (5 * i) % len(prompt_pool)  # 5 and the pool size 12 are coprime
+        requests.append((Request(f"r{i}", prompt_pool[index], MAX_NEW_CYCLE[i % len(MAX_NEW_CYCLE)]), index))
+    return requests
+
+
+def expected(greedy_outputs, index: int, max_new_tokens: int) -> list[int]:
+    return greedy_outputs[index][:max_new_tokens]
+
+
+def engine_for(model, eos, tokenizer=None, **settings) -> Engine:
+    config = EngineConfig(dtype=torch.float64, max_seq_len=256, num_threads=1, **settings)
+    return Engine(model, config, eos, tokenizer)
+
+
+@pytest.mark.parametrize("batch_size,block_size", [(1, 8), (2, 32), (7, 8), (64, 32)])
+def test_speculative_batches_equal_greedy(model, tokenizer, eos, prompt_pool, greedy_outputs, batch_size, block_size):
+    engine = engine_for(model, eos, tokenizer, max_batch_size=batch_size, block_size=block_size)
+    requests = make_requests(batch_size, prompt_pool)
+    results = engine.generate([r for r, _ in requests])
+    for (request, index), result in zip(requests, results):
+        assert result.request_id == request.request_id
+        assert result.token_ids == expected(greedy_outputs, index, request.max_new_tokens), request.request_id
+        assert result.text == tokenizer.decode(result.token_ids, skip_special_tokens=True)
+        assert result.stats.committed_tokens == len(result.token_ids)
+    stats = engine.stats()
+    assert stats.committed_tokens == sum(len(r.token_ids) for r in results)
+    assert stats.forward_passes == sum(r.stats.forward_passes for r in results)
+    assert (stats.batch_size, stats.waiting, stats.finished_requests) == (0, 0, batch_size)
+    if batch_size == 64:  # the mix this test claims: drafts accepted, eos at different rounds, budgets hit
+        assert sum(sum(r.stats.accepted_per_round) for r in results) > 0
+        eos_lengths = {len(r.token_ids) for r in results if r.finish_reason == "eos"}
+        assert len(eos_lengths) >= 3
+        assert any(r.finish_reason == "length" for r in results)
+
+
+@pytest.mark.parametrize("block_size", [8, 32])
+def test_speculative_rounds_match_the_reference_round_for_round(model, eos, prompt_pool, block_size):
+    """Same drafts, same acceptance, same pass count as `speculative_decode`: the batched
+    draft pass gives every row exactly its own block's attention, also when a row's block
+    is cut short by its budget while the others' are not."""
+    engine = engine_for(model, eos, max_batch_size=13, block_size=block_size)
+    requests = make_requests(13, prompt_pool)
+    for (request, _), result in zip(requests, engine.generate([r for r, _ in requests])):
+        reference = speculative_decode(model, request.prompt, request.max_new_tokens, eos, block_size=block_size)
+        assert result.token_ids == reference.token_ids
+        assert result.stats.accepted_per_round == reference.stats.accepted_per_round
+        assert result.stats.forward_passes == reference.stats.forward_passes
+
+
+@pytest.mark.parametrize("batch_size", [7, 64])
+def test_ar_mode_equals_greedy(model, eos, prompt_pool, greedy_outputs, batch_size):
+    engine = engine_for(model, eos, max_batch_size=batch_size, mode="ar")
+    requests = make_requests(batch_size, prompt_pool)
+    for (request, index), result in zip(requests, engine.generate([r for r, _ in requests])):
+        assert result.token_ids == expected(greedy_outputs, index, request.max_new_tokens)
+        assert result.stats.forward_passes == len(result.token_ids)
+
+
+def test_adaptive_block_is_exact(model, eos, prompt_pool, greedy_outputs):
+    engine = engine_for(model, eos, max_batch_size=16, block_size=32, adaptive_block=True)
+    requests = make_requests(20, prompt_pool)
+    for (request, index), result in zip(requests, engine.generate([r for r, _ in requests])):
+        assert result.token_ids == expected(greedy_outputs, index, request.max_new_tokens)
+
+
+def test_more_requests_than_slots_all_complete(model, eos, prompt_pool, greedy_outputs):
+    engine = engine_for(model, eos, max_batch_size=3, block_size=8)
+    requests = make_requests(10, prompt_pool)
+    results = engine.generate([r for r, _ in requests])
+    assert [r.request_id for r in results] == [r.request_id for r, _ in requests]
+    for (request, index), result in zip(requests, results):
+        assert result.token_ids == expected(greedy_outputs, index, request.max_new_tokens)
+    assert engine.stats().finished_requests == 10
+
+
+def reference_kv(model, prompt, tokens: list[int]) -> DynamicCache:
+    """The KV single-sequence decoding holds after committing `tokens`: prompt + all but
+    the last token (which is the next round's input, not yet cached)."""
+    cache = DynamicCache(config=model.config.text_config)
+    _, first_position = prefill(model, prompt, cache)
+    cached = tokens[:-1]
+    if cached:
+        ids = torch.tensor([cached])
+        positions = torch.arange(first_position, first_position + len(cached)).view(1, 1, -1).expand(3, 1, -1)
+        mask = causal_attention_mask(prompt.length, len(cached))[None, None]
+        model.logits_from_embeds(model.embed(ids), positions, mask, cache)
+    return cache
+
+
+@pytest.mark.parametrize("mode", ["spec", "ar"])
+def test_requests_join_between_steps_and_the_cache_holds_only_committed_tokens(
+        model, eos, prompt_pool, greedy_outputs, mode):
+    """Requests arrive while others run and leave in any order; after every step each
+    running sequence's slot holds exactly the KV of prompt + committed - 1 tokens (no
+    rejected draft or mask token counted, nothing lost when a sequence is moved to a
+    freed slot), equal to what single-sequence decoding of those tokens holds."""
+    engine = engine_for(model, eos, max_batch_size=4, block_size=8, mode=mode)
+    arrivals = make_requests(12, prompt_pool, first=1)
+    index_of = {r.request_id: index for r, index in arrivals}
+    request_of = {r.request_id: r for r, _ in arrivals}
+    results, step, moves = {}, 0, 0
+    while arrivals or engine.has_work():
+        if arrivals and step % 2 == 0:  # two join now, the others later
+            for request, _ in arrivals[:2]:
+                engine.add_request(request)
+            arrivals = arrivals[2:]
+        slot_before = {s.request.request_id: s.slot for s in engine.scheduler.running}
+        for result in engine.step():
+            results[result.request_id] = result
+        step += 1
+        running = engine.scheduler.running
+        assert [s.slot for s in running] == list(range(len(running)))
+        moves += sum(slot_before.get(s.request.request_id, s.slot) != s.slot for s in running)
+        for sequence in running:
+            assert engine.runner.cache.lengths[sequence.slot] == sequence.prompt_len + len(sequence.tokens) - 1
+            reference = reference_kv(model, sequence.request.prompt, sequence.tokens)
+            for layer in range(model.config.text_config.num_hidden_layers):
+                keys, values = engine.runner.cache.slot_kv(sequence.slot, layer)
+                torch.testing.assert_close(keys, reference.layers[layer].keys[0], rtol=0, atol=1e-10)
+                torch.testing.assert_close(values, reference.layers[layer].values[0], rtol=0, atol=1e-10)
+    assert moves > 0  # a sequence was moved into a freed slot, and its KV went with it
+    assert len(results) == 12
+    for request_id, result in results.items():
+        request = request_of[request_id]
+        assert result.token_ids == expected(greedy_outputs, index_of[request_id], request.max_new_tokens)
+        assert result.timings.queue_seconds >= 0 and result.timings.decode_seconds >= 0
+
+
+def test_over_long_request_is_refused_clearly(model, eos, prompt_pool, greedy_outputs):
+    engine = engine_for(model, eos, max_batch_size=2)
+    prompt = prompt_pool[0]
+    with pytest.raises(RequestTooLong, match="max_seq_len of 256"):
+        engine.add_request(Request("too-long", prompt, 256 - prompt.length + 1))
+    with pytest.raises(ValueError):
+        engine.add_request(Request("zero", prompt, 0))
+    assert not engine.has_work()
+    [result] = engine.generate([Request("fits", prompt, 256 - prompt.length)])  # still usable
+    assert result.token_ids == greedy_outputs[0]
+
+
+def test_cache_that_does_not_fit_is_refused_before_allocating(model, eos):
+    with pytest.raises(CacheTooLarge, match="lower max_batch_size or max_seq_len"):
+        Engine(model, EngineConfig(max_batch_size=10**6, max_seq_len=4096, dtype=torch.float64, num_threads=1), eos)
+
+
+def test_generate_refuses_a_busy_engine_and_duplicate_ids(model, eos, prompt_pool):
+    engine = engine_for(model, eos, max_batch_size=2)
+    engine.add_request(Request("a", prompt_pool[0], 4))
+    with pytest.raises(ValueError, match="already queued"):
+        engine.add_request(Request("a", prompt_pool[1], 4))
+    with pytest.raises(RuntimeError):
+        engine.generate([Request("b", prompt_pool[1], 4)])
+
+
+def test_bench_decode_prints_rows_and_peers(model, processor, tmp_path, capsys):
+    """`gravityocr bench decode` runs end to end on saved weights (figures are not judged)."""
+    import json
+
+    from gravityocr.bench.decode import main
+    from gravityocr.model.loading import Recognizer, save_recognizer
+
+    save_recognizer(Recognizer(model, processor), tmp_path / "model")
+    argv = ["--model", str(tmp_path / "model"), "--dtype", "float64", "--batch-sizes", "1,3", "--limit", "3",
+            "--max-new-tokens", "12", "--repeats", "1", "--threads", "1", "--json"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert {(row["batch_size"], row["type"]) for row in report["rows"]} == {
+        (b, t) for b in (1, 3) for t in ("all", "text", "table", "formula")}
+    for row in report["rows"]:
+        assert row["exact"] is True
+        assert row["tpf"] >= 1.0 and row["ar_tok_s"] > 0 and row["spec_tok_s"] > 0
+    assert report["peers"]["hf_generate_greedy"]["same_as_engine_ar"] is True
