@@ -132,6 +132,7 @@ class PageReader:
         import ray
         import torch
 
+        from ..model.devices import resolve_device
         from ..model.loading import DEFAULT_MODEL_DIR
         from .page_ocr import PageOcr, PageOcrConfig
         from .recognizer import CropRecognizer, RecognizerConfig
@@ -140,8 +141,10 @@ class PageReader:
         self.mode = mode
         self.node_id = ray.get_runtime_context().get_node_id()
         settings = RecognizerConfig(mode=mode)
+        device, dtype = resolve_device("auto")  # the GPU Ray assigned this actor, if any
         recognizer = CropRecognizer.load(model or DEFAULT_MODEL_DIR,
-                                         settings.capped(max_new_tokens) if max_new_tokens else settings)
+                                         settings.capped(max_new_tokens) if max_new_tokens else settings,
+                                         dtype=dtype, device=device)
         self.page_ocr = PageOcr(recognizer, PageOcrConfig(dpi=dpi, layout=layout))
 
     def __call__(self, batch: pa.Table) -> pa.Table:

@@ -247,6 +247,7 @@ class OcrService:
     def _load(self) -> None:
         import torch
 
+        from ..model.devices import resolve_device
         from ..model.engine import Engine, EngineConfig
         from ..model.engine.loop import EngineLoop
         from ..model.loading import DEFAULT_MODEL_DIR, load_recognizer
@@ -255,7 +256,8 @@ class OcrService:
         from .recognition import SharedEngineRecognizer
 
         torch.set_num_threads(self.settings.threads)
-        recognizer = load_recognizer(self.settings.model or DEFAULT_MODEL_DIR)
+        device, dtype = resolve_device(self.settings.device, self.settings.dtype)
+        recognizer = load_recognizer(self.settings.model or DEFAULT_MODEL_DIR, dtype=dtype, device=device)
         model = recognizer.model
         context = model.config.text_config.max_position_embeddings
         engine_config = EngineConfig(max_batch_size=self.settings.max_batch_size,

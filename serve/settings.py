@@ -22,6 +22,8 @@ class ServeSettings:
     dpi: float = 150
     layout: str = "projection"
     threads: int = 1  # torch threads per replica
+    device: str = "auto"  # "auto": CUDA (bfloat16) when the replica was given a GPU, else CPU (float32)
+    dtype: str | None = None  # overrides the device's default dtype
     max_upload_bytes: int = 20 * 1024 * 1024
     max_pages: int = 20
     request_timeout_s: float = 120.0
