@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .. import metrics
 from .storage import StorageLocation, exists, list_objects, read_bytes, resolve, write_atomic
 
 log = logging.getLogger(__name__)
@@ -146,6 +147,7 @@ class PageReader:
                                          settings.capped(max_new_tokens) if max_new_tokens else settings,
                                          dtype=dtype, device=device)
         self.page_ocr = PageOcr(recognizer, PageOcrConfig(dpi=dpi, layout=layout))
+        metrics.engine_actor_started(device)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         from PIL import Image
@@ -167,6 +169,7 @@ class PageReader:
             record["node_id"] = self.node_id
             if r["error_reason"] is None:
                 result = next(results)
+                _record_page_metrics(result)
                 stats = [region.stats for region in result.regions if region.stats]
                 record.update(markdown=page_markdown(result), regions_json=json.dumps(result.to_dict()),
                               committed_tokens=sum(s["committed_tokens"] for s in stats),
@@ -177,6 +180,14 @@ class PageReader:
                 record.update(markdown="", regions_json="null", committed_tokens=0, forward_passes=0)
             out.append(record)
         return pa.Table.from_pylist(out, schema=PAGE_SCHEMA)
+
+
+def _record_page_metrics(result) -> None:
+    for region in result.regions:
+        if region.stats:
+            metrics.record_decode(region.task or region.type, region.stats["committed_tokens"],
+                                  region.stats["forward_passes"], region.stats["accepted_per_round"])
+    metrics.record_page(error_reason="layout_failed" if result.error else None)
 
 
 # --- stage 3: write pages (CPU tasks) -----------------------------------------------------
@@ -293,6 +304,9 @@ def run_batch_job(config: BatchJobConfig) -> BatchSummary:
 
 def _finish_document(destination: StorageLocation, document_id: str, pages: list[dict], summary: BatchSummary) -> None:
     document_failed = any(p["page_number"] == 0 for p in pages)
+    metrics.record_document(metrics.STATUS_ERROR if document_failed else metrics.STATUS_OK)
+    if document_failed:
+        metrics.record_page(error_reason=pages[0]["error_reason"])
     for page in pages:
         summary.committed_tokens += page["committed_tokens"] or 0
         summary.forward_passes += page["forward_passes"] or 0

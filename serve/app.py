@@ -23,6 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from ray import serve
 
+from .. import metrics
 from . import schemas
 from .settings import ServeSettings
 
@@ -54,9 +55,15 @@ async def _problem_handler(request: Request, problem: HTTPProblem):
 
 
 def _record_latency(endpoint: str, status: int, seconds: float) -> None:
-    from ..metrics import observe_request_latency
+    metrics.observe_request_latency(endpoint, str(status), seconds)
 
-    observe_request_latency(endpoint, str(status), seconds)
+
+def _record_engine_step(stats, finished) -> None:
+    metrics.set_engine_batch_size(stats.batch_size)
+    metrics.set_queue_depth(stats.waiting)
+    for result in finished:
+        metrics.record_decode(result.task, result.stats.committed_tokens, result.stats.forward_passes,
+                              result.stats.accepted_per_round)
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -264,7 +271,9 @@ class OcrService:
                                      max_seq_len=min(self.settings.max_seq_len, context),
                                      block_size=self.settings.block_size, mode=self.settings.mode,
                                      device=str(model.device), dtype=model.dtype, num_threads=self.settings.threads)
-        self.loop = EngineLoop(lambda: Engine(model, engine_config, recognizer.processor.eos_token_ids))
+        self.loop = EngineLoop(lambda: Engine(model, engine_config, recognizer.processor.eos_token_ids),
+                               on_step=_record_engine_step)
+        metrics.engine_actor_started(device)
         self.recognizer = recognizer
         recognizer_config = RecognizerConfig(mode=self.settings.mode, block_size=self.settings.block_size)
         self.crops = SharedEngineRecognizer(recognizer, recognizer_config.capped(self.settings.max_new_tokens),

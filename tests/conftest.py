@@ -15,6 +15,11 @@ from gravityocr.model.modeling import GravityOcrForConditionalGeneration
 from gravityocr.model.processor import OcrProcessor, make_image_processor
 from gravityocr.model.tokenizer import build_char_tokenizer
 
+# Session fixtures defined once here, so every test module shares one local Ray cluster and
+# one S3 endpoint (a fixture imported into two modules would be set up twice).
+from ray_cluster import ray_cluster  # noqa: E402,F401
+from s3_endpoint import s3_endpoint  # noqa: E402,F401
+
 torch.set_num_threads(1)
 
 # Random tiny models have nearly tied logits; with a larger init scale their logits

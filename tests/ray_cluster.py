@@ -14,6 +14,9 @@ from dataclasses import dataclass
 import pytest
 
 AUTH_ENV = {"RAY_AUTH_MODE": "disabled"}
+# Ray rewrites 127.0.0.1 to the host's routable address; another loopback address keeps
+# every byte of the cluster's traffic on loopback.
+NODE_IP = "127.0.0.2"
 
 
 @dataclass
@@ -39,13 +42,13 @@ def ray_cluster(tmp_path_factory):
     os.environ.update(AUTH_ENV)  # the driver and every process it starts
     env = {**os.environ, **AUTH_ENV}
     port = _free_port()
-    address = f"127.0.0.1:{port}"
+    address = f"{NODE_IP}:{port}"
     temp_dir = str(tmp_path_factory.mktemp("ray"))
     try:
-        _ray("start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1", "--num-cpus=2",
+        _ray("start", "--head", f"--port={port}", f"--node-ip-address={NODE_IP}", "--num-cpus=2",
              "--resources={\"engine_node\": 1}", "--include-dashboard=false", f"--temp-dir={temp_dir}",
              "--disable-usage-stats", env=env)
-        _ray("start", f"--address={address}", "--node-ip-address=127.0.0.1", "--num-cpus=1", f"--temp-dir={temp_dir}",
+        _ray("start", f"--address={address}", f"--node-ip-address={NODE_IP}", "--num-cpus=1", f"--temp-dir={temp_dir}",
              "--resources={\"engine_node\": 1}", "--disable-usage-stats", env=env)
         ray.init(address=address, log_to_driver=False)
         deadline = time.monotonic() + 60

@@ -18,8 +18,6 @@ from gravityocr.model.loading import Recognizer, save_recognizer
 from gravityocr.pipelines import synthetic_pages
 from gravityocr.pipelines.batch_job import BatchJobConfig, run_batch_job
 
-from ray_cluster import ray_cluster  # noqa: F401  (fixture)
-from s3_endpoint import s3_endpoint  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.timeout(420)
 

@@ -21,8 +21,7 @@ from gravityocr.serve.app import build_app
 from gravityocr.serve.settings import ServeSettings
 
 from conftest import OVERFIT_TEXTS, random_image
-from ray_cluster import ray_cluster  # noqa: F401  (fixture)
-from s3_endpoint import CREDENTIALS, s3_endpoint  # noqa: F401  (fixture)
+from s3_endpoint import CREDENTIALS
 
 pytestmark = pytest.mark.timeout(600)
 TOKEN = "serve-test-token-7f3a"

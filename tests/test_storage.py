@@ -6,7 +6,6 @@ import pytest
 
 from gravityocr.pipelines.storage import StorageError, exists, list_objects, read_bytes, resolve, write_atomic
 
-from s3_endpoint import s3_endpoint  # noqa: F401  (fixture)
 
 
 def test_local_and_file_uri_round_trip(tmp_path):

@@ -18,10 +18,12 @@ from .sequence import Request, RequestResult
 
 
 class EngineLoop:
-    def __init__(self, engine_factory):
+    def __init__(self, engine_factory, on_step=None):
         """`engine_factory()` builds the engine; it is called again after a failed step, so
-        one bad batch fails only the requests that were in it."""
+        one bad batch fails only the requests that were in it. `on_step(stats, finished)` is
+        called on the loop's thread after every step (metrics)."""
         self._factory = engine_factory
+        self._on_step = on_step
         self._engine: Engine = engine_factory()
         self._incoming: queue.Queue[tuple[Request, Future]] = queue.Queue()
         self._futures: dict[str, Future] = {}
@@ -89,5 +91,7 @@ class EngineLoop:
             self.peak_batch_size = max(self.peak_batch_size, self._engine.stats().batch_size + len(finished))
             for result in finished:
                 self._futures.pop(result.request_id).set_result(result)
+            if self._on_step:
+                self._on_step(self.stats(), finished)
         for future in self._futures.values():
             future.set_exception(RuntimeError("the engine loop stopped"))

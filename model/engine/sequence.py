@@ -34,6 +34,7 @@ class RequestResult:
     finish_reason: str  # "eos" | "length"
     stats: DecodeStats
     timings: RequestTimings
+    task: str = "text"  # the prompt's content type (metrics group decode figures by it)
 
 
 @dataclass
@@ -87,4 +88,5 @@ class Sequence:
     def result(self, text: str | None) -> RequestResult:
         self.stats.committed_tokens = len(self.tokens)
         reason = "eos" if self.tokens and self.tokens[-1] in self.eos_ids else "length"
-        return RequestResult(self.request.request_id, list(self.tokens), text, reason, self.stats, self.timings)
+        return RequestResult(self.request.request_id, list(self.tokens), text, reason, self.stats, self.timings,
+                             self.request.prompt.task)
