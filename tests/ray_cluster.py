@@ -63,20 +63,26 @@ def ray_cluster(tmp_path_factory):
         stop_processes_mentioning(temp_dir)
 
 
+def processes_mentioning(fragment: str) -> list[int]:
+    """Pids whose command line contains `fragment` (Ray titles actor processes after their
+    class, and every process of a cluster names its temp dir)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                    if fragment.encode() in handle.read():
+                        pids.append(int(entry))
+            except OSError:
+                continue
+    return pids
+
+
 def stop_processes_mentioning(marker: str, grace_seconds: float = 10) -> None:
     """Stop this cluster's processes only (each names its temp dir on its command line);
     `ray stop` would also end any other Ray running on the machine."""
     def matching() -> list[int]:
-        pids = []
-        for entry in os.listdir("/proc"):
-            if entry.isdigit() and int(entry) != os.getpid():
-                try:
-                    with open(f"/proc/{entry}/cmdline", "rb") as handle:
-                        if marker.encode() in handle.read():
-                            pids.append(int(entry))
-                except OSError:
-                    continue
-        return pids
+        return [pid for pid in processes_mentioning(marker) if pid != os.getpid()]
 
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in matching():

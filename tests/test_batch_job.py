@@ -17,6 +17,7 @@ import torch
 from gravityocr.model.loading import Recognizer, save_recognizer
 from gravityocr.pipelines import synthetic_pages
 from gravityocr.pipelines.batch_job import BatchJobConfig, run_batch_job
+from ray_cluster import processes_mentioning
 
 
 pytestmark = pytest.mark.timeout(420)
@@ -100,19 +101,6 @@ def _many_pages(directory, count):
         page.image.save(directory / f"page-{index:02d}.png")
 
 
-def _processes_titled(fragment: str) -> list[int]:
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as handle:
-                    if fragment.encode() in handle.read():
-                        pids.append(int(entry))
-            except OSError:
-                continue
-    return pids
-
-
 def _page_files(output):
     return sorted(p.relative_to(output) for p in (output / "pages").rglob("*.parquet"))
 
@@ -131,7 +119,7 @@ def test_killed_engine_actor_loses_and_duplicates_nothing(ray_cluster, model_dir
     deadline = time.monotonic() + 240
     while killed is None and job.is_alive() and time.monotonic() < deadline:
         # Ray titles an actor's worker process after its class: ray::MapWorker(MapBatches(PageReader))
-        readers = _processes_titled("PageReader")
+        readers = processes_mentioning("PageReader")
         if readers and (output / "pages").exists() and _page_files(output):
             os.kill(readers[0], signal.SIGKILL)  # a crash, not a polite shutdown
             killed = readers[0]
