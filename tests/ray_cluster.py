@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass
 
 import pytest
+from ports import free_port
 
 AUTH_ENV = {"RAY_AUTH_MODE": "disabled"}
 # Ray rewrites 127.0.0.1 to the host's routable address; another loopback address keeps
@@ -25,12 +25,6 @@ class LocalCluster:
     node_resource: str  # each raylet has one unit of this custom resource: pins one engine actor per node
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _ray(*args: str, env: dict) -> None:
     subprocess.run(["ray", *args], check=True, env=env, timeout=120, capture_output=True)
 
@@ -41,7 +35,7 @@ def ray_cluster(tmp_path_factory):
 
     os.environ.update(AUTH_ENV)  # the driver and every process it starts
     env = {**os.environ, **AUTH_ENV}
-    port = _free_port()
+    port = free_port()
     address = f"{NODE_IP}:{port}"
     temp_dir = str(tmp_path_factory.mktemp("ray"))
     try:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass
 
 import boto3
 import pytest
+from ports import free_port
 
 CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "gravityocr-test",
@@ -27,18 +27,12 @@ class S3Endpoint:
                             aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"])
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def s3_endpoint():
     from moto.server import ThreadedMotoServer
 
     os.environ.update(CREDENTIALS)
-    port = _free_port()
+    port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     try:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,6 +20,7 @@ import textwrap
 import pytest
 
 from gravityocr import metrics
+from ports import free_port
 
 LOOPBACK = "127.0.0.2"  # Ray rewrites 127.0.0.1 to the host's routable address; this it keeps
 
@@ -52,12 +52,6 @@ def test_every_call_is_a_no_op_without_ray():
         assert "ray" not in sys.modules, "recording without Ray imported ray"
     """)
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 EXPORT_SCRIPT = textwrap.dedent("""
@@ -120,7 +114,7 @@ def test_a_real_ray_exports_the_documented_names():
         env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32),
                "RAY_USAGE_STATS_ENABLED": "0"}
         result = subprocess.run(
-            [sys.executable, "-c", EXPORT_SCRIPT, LOOPBACK, str(_free_port(LOOPBACK)), temp_dir],
+            [sys.executable, "-c", EXPORT_SCRIPT, LOOPBACK, str(free_port(LOOPBACK)), temp_dir],
             env=env, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])

@@ -6,7 +6,6 @@ import base64
 import concurrent.futures
 import io
 import json
-import socket
 
 import httpx
 import pytest
@@ -22,16 +21,11 @@ from gravityocr.serve.settings import ServeSettings
 
 from conftest import OVERFIT_TEXTS, random_image
 from s3_endpoint import CREDENTIALS
+from ports import free_port
 
 pytestmark = pytest.mark.timeout(600)
 TOKEN = "serve-test-token-7f3a"
 SMALL_UPLOAD = 40_000
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +37,7 @@ def served(ray_cluster, s3_endpoint, trained_tiny_model, processor, tmp_path_fac
     trained_tiny_model.to(torch.float64)
     token_file = tmp_path_factory.mktemp("secret") / "token"
     token_file.write_text(TOKEN)
-    port = _free_port()
+    port = free_port()
     serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
     options = {"ray_actor_options": {"num_cpus": 0.25, "runtime_env": {"env_vars": CREDENTIALS}}}
     common = dict(model=str(model_dir), max_new_tokens=120, s3_endpoint_url=s3_endpoint.url)
