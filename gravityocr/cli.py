@@ -21,6 +21,7 @@ COMMANDS = {
 }
 # bench subcommand -> (module with main(argv) -> int, help)
 BENCHMARKS = {
+    "ablation": ("gravityocr.bench.ablation", "joint vs AR-only vs no-AR training at a matched budget, held-out scores"),
     "decode": ("gravityocr.bench.decode", "AR vs self-speculative decode speed by batch size and content type"),
     "pages": ("gravityocr.bench.pages", "seconds per page and page score: ours (AR, spec) and peers"),
     "batch": ("gravityocr.bench.batch", "batch job pages/s for 1 and 2 engine actors, AR vs spec, peak memory"),

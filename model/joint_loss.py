@@ -30,6 +30,7 @@ class Objective(str, enum.Enum):
 class TrainingSample:
     prompt: EncodedPrompt
     target_ids: list[int]  # the response, ending with eos
+    column_labels: list[int] | None = None  # a single text line's characters, for the auxiliary CTC loss
 
 
 @dataclass

@@ -29,6 +29,7 @@ import yaml
 from tqdm import tqdm
 
 from . import synthetic
+from .column_ctc import ColumnCtcHead
 from .configs import SMALL, TINY, build_config
 from .joint_loss import Objective, TrainingSample, build_joint_batch, joint_loss
 from .loading import Recognizer, load_recognizer, save_recognizer
@@ -68,6 +69,7 @@ class TrainConfig:
     checkpoint_every: int = 200
     shuffled_loss_every: int = 50
     init_from: str | None = None  # start from these weights (a fresh optimiser)
+    ctc_weight: float = 0.0  # auxiliary CTC loss on the vision tower's columns (single text lines)
     max_pixels: int = 28 * 28 * 1024
     curriculum: list[CurriculumPhase] = field(default_factory=lambda: [
         CurriculumPhase(stage.name, 600) for stage in synthetic.CURRICULUM
@@ -119,6 +121,7 @@ class TrainProgress:
     shuffled_loss: float | None
     samples_per_second: float
     phase: str
+    ctc_loss: float = 0.0
 
 
 def sample_for_step(config: TrainConfig, step: int, index: int) -> tuple[int, synthetic.CurriculumStage]:
@@ -134,8 +137,9 @@ def sample_for_step(config: TrainConfig, step: int, index: int) -> tuple[int, sy
 
 def encode_crop(processor: OcrProcessor, crop: synthetic.SyntheticCrop) -> TrainingSample:
     prompt = processor.encode(crop.image, crop.type)
-    target = processor.tokenizer.encode(crop.text, add_special_tokens=False) + processor.eos_token_ids
-    return TrainingSample(prompt, target)
+    text_ids = processor.tokenizer.encode(crop.text, add_special_tokens=False)
+    single_line = crop.type == "text" and "\n" not in crop.text
+    return TrainingSample(prompt, text_ids + processor.eos_token_ids, text_ids if single_line else None)
 
 
 class CropBatches(torch.utils.data.IterableDataset):
@@ -224,10 +228,16 @@ class Trainer:
         else:
             self.recognizer = build_fresh_recognizer(config)
         self.model = self.recognizer.model.to(config.device).train()
-        self.optimizer = torch.optim.AdamW(parameter_groups(self.model, config), lr=config.learning_rate,
-                                           weight_decay=config.weight_decay)
+        groups = parameter_groups(self.model, config)
+        self.column_ctc: ColumnCtcHead | None = None
+        if config.ctc_weight > 0:
+            self.column_ctc = ColumnCtcHead(self.model).to(config.device)
+            groups.append({"params": list(self.column_ctc.parameters()), "lr_scale": 1.0})
+        self.optimizer = torch.optim.AdamW(groups, lr=config.learning_rate, weight_decay=config.weight_decay)
         if (self.checkpoint_dir / "trainer_state.pt").exists():
             state = torch.load(self.checkpoint_dir / "trainer_state.pt", weights_only=False)
+            if self.column_ctc is not None:
+                self.column_ctc.load_state_dict(state["column_ctc"])
             self.optimizer.load_state_dict(state["optimizer"])
             self.step = state["step"]
             self.generator.set_state(state["generator"])
@@ -236,7 +246,7 @@ class Trainer:
     def _vision_trainable_now(self) -> bool:
         return self.step >= self.config.vision_frozen_steps
 
-    def train_step(self, batch: list[TrainingSample]) -> tuple[float, float, float]:
+    def train_step(self, batch: list[TrainingSample]) -> tuple[float, float, float, float]:
         set_vision_trainable(self.model, self._vision_trainable_now())
         lr = learning_rate(self.config, self.step)
         for group in self.optimizer.param_groups:
@@ -244,11 +254,16 @@ class Trainer:
         objective = self.config.objective_at(self.step)
         joint = build_joint_batch(self.model, batch, objective, self.config.block_size, generator=self.generator)
         parts = joint_loss(self.model, joint, objective)
+        total, ctc = parts.total, parts.total.new_zeros(())
+        if self.column_ctc is not None:
+            ctc = self.column_ctc.loss(joint.image_grid_thw, [sample.column_labels for sample in batch])
+            total = total + self.config.ctc_weight * ctc
         self.optimizer.zero_grad(set_to_none=True)
-        parts.total.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.clip_norm)
+        total.backward()
+        torch.nn.utils.clip_grad_norm_([p for group in self.optimizer.param_groups for p in group["params"]],
+                                       self.config.clip_norm)
         self.optimizer.step()
-        return parts.total.item(), parts.ar.item(), parts.denoise.item()
+        return total.item(), parts.ar.item(), parts.denoise.item(), ctc.item()
 
     @torch.no_grad()
     def shuffled_image_loss(self, batch: list[TrainingSample]) -> float:
@@ -263,6 +278,7 @@ class Trainer:
         shutil.rmtree(staging, ignore_errors=True)
         save_recognizer(self.recognizer, staging)
         torch.save({"optimizer": self.optimizer.state_dict(), "step": self.step,
+                    "column_ctc": self.column_ctc.state_dict() if self.column_ctc is not None else None,
                     "generator": self.generator.get_state(), "config": dataclasses.asdict(self.config)},
                    staging / "trainer_state.pt")
         previous = self.output / "checkpoint.old"
@@ -294,7 +310,7 @@ class Trainer:
         first_step = self.step
         with self.log_path.open("a") as log:
             for batch in loader:
-                loss, ar, denoise = self.train_step(batch)
+                loss, ar, denoise, ctc = self.train_step(batch)
                 shuffled = None
                 if self.step % self.config.shuffled_loss_every == 0:
                     shuffled = self.shuffled_image_loss(batch)
@@ -302,11 +318,13 @@ class Trainer:
                 elapsed = time.perf_counter() - started
                 rate = (self.step - first_step) * self.config.batch_size / max(elapsed, 1e-9)
                 record = TrainProgress(self.step, loss, ar, denoise, shuffled, rate,
-                                       self.config.curriculum[self.config.phase_at(self.step - 1)].stage)
+                                       self.config.curriculum[self.config.phase_at(self.step - 1)].stage, ctc)
                 history.append(record)
                 log.write(json.dumps(dataclasses.asdict(record)) + "\n")
                 log.flush()
                 postfix = {"loss": f"{loss:.3f}", "ar": f"{ar:.3f}", "samples/s": f"{rate:.1f}", "phase": record.phase}
+                if self.column_ctc is not None:
+                    postfix["ctc"] = f"{ctc:.3f}"
                 if shuffled is not None:
                     postfix["ar_shuffled"] = f"{shuffled:.3f}"
                 bar.set_postfix(postfix)

@@ -1,8 +1,10 @@
 """End to end on one host: infra/local/cluster.sh starts a multi-node Ray cluster (head, a
 CPU worker, an engine worker, token auth), the S3 endpoint and a real Prometheus that finds
-the nodes through Ray's service discovery file; infra/local/metrics_demo.py drives the
-GravityOCR metrics from tasks and actors; Prometheus's query API must then answer every
-query of the throughput dashboard (pages/s, tokens/s, TPF, accepted drafts) with data.
+the nodes through Ray's service discovery file. On that cluster a real `gravityocr batch`
+job reads documents from the S3 endpoint with the shipped model while `gravityocr serve`
+answers real HTTP requests; Prometheus's query API must then answer the throughput
+dashboard's queries (pages/s, tokens/s, TPF, TPF by content type) and the latency and
+engine panels with data, and count every page the job wrote.
 
 Everything listens on loopback. The test starts and stops all of it (`cluster.sh down`
 signals exactly the process groups `up` started) and fails, rather than skips, when a
@@ -12,6 +14,7 @@ program it needs is missing: Prometheus comes from Debian (`apt-get install prom
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import shutil
@@ -20,16 +23,23 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
 
+import boto3
+import pypdfium2
 import pytest
+
+from ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER = REPO / "infra" / "local" / "cluster.sh"
-DEMO = REPO / "infra" / "local" / "metrics_demo.py"
+SAMPLES = REPO / "samples"
+COPIES = 3  # of the bundled samples in the job: 12 pages
 DASHBOARDS = REPO / "infra" / "grafana" / "dashboards"
 RAY_HOST, HOST = "127.0.0.2", "127.0.0.1"
 
@@ -102,11 +112,69 @@ def local_cluster():
         assert not pids, f"cluster.sh down left {pids}"
 
 
+def _answered(result: list[dict]) -> bool:
+    """Data in the answer: at least one series, and no NaN (0/0 while a counter stood still)."""
+    return bool(result) and all(math.isfinite(float(r["value"][1])) for r in result)
+
+
+def _upload_documents(settings: dict) -> int:
+    """The bundled samples, COPIES times, into the input bucket; the number of pages."""
+    s3 = boto3.client("s3", endpoint_url=settings["AWS_ENDPOINT_URL"], region_name=settings["AWS_DEFAULT_REGION"],
+                      aws_access_key_id=settings["AWS_ACCESS_KEY_ID"],
+                      aws_secret_access_key=settings["AWS_SECRET_ACCESS_KEY"])
+    pages = 0
+    for copy in range(COPIES):
+        for path in sorted(SAMPLES.iterdir()):
+            s3.put_object(Bucket="gravityocr-input", Key=f"nightly/{copy}-{path.name}", Body=path.read_bytes())
+            pages += len(pypdfium2.PdfDocument(str(path))) if path.suffix == ".pdf" else 1
+    return pages
+
+
+def _wait_ready(url: str, server: subprocess.Popen, log: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert server.poll() is None, f"gravityocr serve ended early:\n{log.read_text()[-3000:]}"
+        try:
+            with urllib.request.urlopen(f"{url}/readyz", timeout=5) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(2)
+    pytest.fail(f"gravityocr serve not ready after {timeout} s:\n{log.read_text()[-3000:]}")
+
+
+def _ocr_request(url: str, image: bytes) -> int:
+    boundary = "gravityocr-test-boundary"
+    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"notice.png\"\r\n"
+            f"Content-Type: image/png\r\n\r\n").encode() + image + f"\r\n--{boundary}--\r\n".encode()
+    request = urllib.request.Request(f"{url}/v1/ocr", data=body, method="POST",
+                                     headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            json.load(response)
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
-def test_prometheus_answers_the_throughput_panels(local_cluster):
+def test_prometheus_answers_the_panels_for_a_real_batch_job_and_serve_requests(local_cluster):
     env, settings = local_cluster
+    client_env = {**env, **settings}
     prometheus = settings["PROMETHEUS_URL"]
+    logs = Path(env["GRAVITYOCR_LOCAL_DIR"]) / "logs"
     assert settings["RAY_AUTH_MODE"] == "token" and Path(settings["RAY_AUTH_TOKEN_PATH"]).is_file()
     assert prometheus.startswith(f"http://{HOST}:") and settings["RAY_ADDRESS"].startswith(f"{RAY_HOST}:")
 
@@ -120,37 +188,77 @@ def test_prometheus_answers_the_throughput_panels(local_cluster):
     else:
         pytest.fail(f"Prometheus does not scrape 3 Ray endpoints: {_query(prometheus, 'up')}")
 
-    demo_log = Path(env["GRAVITYOCR_LOCAL_DIR"]) / "logs" / "metrics_demo.log"
-    with open(demo_log, "w") as log:
-        demo = subprocess.Popen([sys.executable, str(DEMO), "--seconds", "400", "--engines", "1"],
-                                env={**env, **settings}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    queries = _panel_queries("gravityocr-throughput.json")
-    assert {"Pages/s", "Tokens/s", "TPF", "TPF by content type", "TPF per region"} <= {t for t, _ in queries}
-    extra = [(t, e) for t, e in _panel_queries("gravityocr-latency-errors.json") if t == "Request latency"]
-    extra += [(t, e) for t, e in _panel_queries("gravityocr-autoscaling.json")
-              if t in ("Engine actors alive", "Actors alive by class", "Engine queue depth")]
-    tpf_query = next(expr for title, expr in queries if title == "TPF by content type")
-    pages_query = next(expr for title, expr in queries if title == "Pages/s")  # the stat: one series
+    pages_expected = _upload_documents(settings)
+    gravityocr = str(Path(sys.executable).parent / "gravityocr")
+    serve_url = f"http://{HOST}:{free_port()}"
+    with open(logs / "serve.log", "w") as log:
+        server = subprocess.Popen([gravityocr, "serve", "--address", settings["RAY_ADDRESS"],
+                                   "--port", serve_url.rsplit(":", 1)[1]],
+                                  env=client_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    batch = None
+    statuses: list[int] = []
+    stop_requests = threading.Event()
 
-    def tpf_by_type() -> dict[str, float]:
-        return {r["metric"]["content_type"]: float(r["value"][1]) for r in _query(prometheus, tpf_query)}
+    def send_requests() -> None:  # a few online requests while the nightly job runs
+        image = (SAMPLES / "notice.png").read_bytes()
+        while not stop_requests.is_set():
+            statuses.append(_ocr_request(serve_url, image))
+            stop_requests.wait(2)
 
-    empty = [title for title, _ in queries + extra]
-    tpf: dict[str, float] = {}
+    requester = threading.Thread(target=send_requests)
     try:
-        deadline = time.monotonic() + 300
-        while (empty or not all(v > 1 for v in tpf.values())) and time.monotonic() < deadline:
-            assert demo.poll() is None, f"the metrics demo ended early:\n{demo_log.read_text()[-3000:]}"
-            time.sleep(5)
-            empty = [title for title, expr in queries + extra if not _query(prometheus, expr)]
-            tpf = tpf_by_type()  # NaN (0/0) while the counters have not moved within the last minute
-        assert not empty, f"panels with no data after 300 s: {empty}"
+        _wait_ready(serve_url, server, logs / "serve.log", timeout=300)
+        with open(logs / "batch.log", "w") as log:
+            # The engine actor on the engine worker node, as the RayCronJob places it.
+            batch = subprocess.Popen([gravityocr, "batch", "s3://gravityocr-input/nightly/",
+                                      "s3://gravityocr-output/nightly/", "--address", settings["RAY_ADDRESS"],
+                                      "--max-actors", "1", "--actor-resources", '{"engine_worker": 1}',
+                                      "--max-new-tokens", "48"],
+                                     env=client_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        requester.start()
 
-        assert set(tpf) == {"text", "table", "formula"}
-        assert tpf["table"] > tpf["text"] > tpf["formula"] > 1, tpf  # the demo's shape, as in the paper
-        (pages,) = _query(prometheus, pages_query)
-        assert float(pages["value"][1]) > 0
+        queries = _panel_queries("gravityocr-throughput.json")
+        assert {"Pages/s", "Tokens/s", "TPF", "TPF by content type"} <= {t for t, _ in queries}
+        wanted = [(t, e) for t, e in queries if t in ("Pages/s", "Tokens/s", "TPF", "TPF by content type")]
+        wanted += [(t, e) for t, e in _panel_queries("gravityocr-latency-errors.json") if t == "Request latency"]
+        wanted += [(t, e) for t, e in _panel_queries("gravityocr-autoscaling.json")
+                   if t in ("Engine actors alive", "Engine queue depth")]
+        answers: dict[str, list[dict]] = {}  # the first answer with data, by panel and query
+        counted_pages = 0.0
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            time.sleep(5)
+            for title, expr in wanted:
+                if (title, expr) not in answers and _answered(result := _query(prometheus, expr)):
+                    answers[(title, expr)] = result
+            total = _query(prometheus, "sum(ray_gravityocr_pages_total)")
+            counted_pages = float(total[0]["value"][1]) if total else 0.0
+            if batch.poll() is not None:
+                assert batch.returncode == 0, f"the batch job failed:\n{(logs / 'batch.log').read_text()[-3000:]}"
+                if len(answers) == len(wanted) and counted_pages >= pages_expected and len(statuses) >= 3:
+                    break
+        missing = sorted({title for title, expr in wanted if (title, expr) not in answers})
+        assert not missing, f"panels with no data: {missing}"
     finally:
-        if demo.poll() is None:
-            os.killpg(demo.pid, signal.SIGTERM)
-        demo.wait(timeout=60)
+        stop_requests.set()
+        if requester.is_alive():
+            requester.join(timeout=180)
+        for process in (batch, server):
+            if process is not None:
+                _stop(process)
+
+    batch_log = (logs / "batch.log").read_text()
+    assert batch.returncode == 0, batch_log[-3000:]
+    assert f"pages: {pages_expected} (0 with errors)" in batch_log, batch_log[-3000:]
+    assert counted_pages == pages_expected, (counted_pages, pages_expected)  # every page counted exactly once
+    assert len(statuses) >= 3 and set(statuses) == {200}, statuses
+
+    tpf = {r["metric"]["content_type"]: float(r["value"][1])
+           for (title, _), result in answers.items() if title == "TPF by content type" for r in result}
+    assert tpf and set(tpf) <= {"text", "table", "formula"}, tpf
+    # A round commits at least one token per two passes and at most block + 1 per pass.
+    assert all(0.4 < value <= 33 for value in tpf.values()), tpf
+    (pages_per_second,) = next(result for (title, _), result in answers.items() if title == "Pages/s")
+    assert float(pages_per_second["value"][1]) > 0
+    latency = next(result for (title, _), result in answers.items() if title == "Request latency")
+    assert {r["metric"]["endpoint"] for r in latency} == {"/v1/ocr"}, latency

@@ -76,3 +76,41 @@ def test_bad_config_is_a_clear_error(tmp_path):
     bad.write_text("curriculum: [{stage: nonsense, steps: 3}]\n")
     with pytest.raises((ValueError, KeyError)):
         TrainConfig.from_file(bad)
+
+
+def test_column_ctc_grid_follows_the_processors_patch_order(processor):
+    """The CTC head rebuilds the (row, column) patch grid from the merge-window order the
+    image processor emits: a dark vertical bar drawn at a known x lands in that column."""
+    from PIL import Image, ImageDraw
+
+    image = Image.new("RGB", (14 * 12, 14 * 4), "white")
+    ImageDraw.Draw(image).rectangle([14 * 7, 0, 14 * 8 - 1, 14 * 4 - 1], fill="black")
+    prompt = processor.encode(image, "text")
+    t, h, w = prompt.image_grid_thw[0].tolist()
+    assert (h, w) == (4, 12)
+    darkness = -prompt.pixel_values.mean(dim=1)  # one value per patch, in the processor's order
+    merge = 2
+    grid = darkness.view(t, h // merge, w // merge, merge, merge).permute(0, 1, 3, 2, 4).reshape(t, h, w)
+    assert grid.mean(dim=(0, 1)).argmax().item() == 7
+    assert torch.allclose(grid[0, :, 7], grid[0, 0, 7].expand(h))
+
+
+def test_column_ctc_trains_the_vision_tower_and_is_not_exported(tmp_path):
+    phases = [CurriculumPhase("mono-2-5", 3, "ar_only")]
+    plain = TrainConfig(output_dir=str(tmp_path / "plain"), size="tiny", steps=3, batch_size=4, vision_frozen_steps=0,
+                        vision_lr_scale=1.0, checkpoint_every=2, curriculum=phases, threads=1)
+    with_ctc = TrainConfig(**{**plain.__dict__, "output_dir": str(tmp_path / "ctc"), "ctc_weight": 1.0, "steps": 2})
+    Trainer(plain).run(progress_bar=False)
+    history = Trainer(with_ctc).run(progress_bar=False)
+    assert all(record.ctc_loss > 0 for record in history)
+    assert all(record.loss > record.ar_loss for record in history)  # the CTC term is in the total
+    state = torch.load(tmp_path / "ctc" / "checkpoint" / "trainer_state.pt", weights_only=False)
+    assert state["column_ctc"] is not None
+    # Only the recogniser's own weights are exported: the same tensors as a run without CTC.
+    assert _weights(tmp_path / "ctc").keys() == _weights(tmp_path / "plain").keys()
+    # A resumed CTC run restores its head and continues.
+    with_ctc.steps = 3
+    resumed = Trainer(with_ctc)
+    assert resumed.step == 2 and resumed.column_ctc is not None
+    assert torch.equal(resumed.column_ctc.classifier.weight, state["column_ctc"]["classifier.weight"])
+    assert resumed.run(progress_bar=False)[-1].ctc_loss > 0
