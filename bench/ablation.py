@@ -5,13 +5,18 @@ Three arms start from the same weights and train for the same steps on the same 
 baseline), and the joint layout without its AR term. Each is then read greedily (spec
 decoding, checked equal to AR) on held-out crops of the same curriculum stage (seeds at
 or above 10**9, never trained on). Prints the three scores and the ratios the paper
-reports (joint / AR-only, no-AR / joint) with TPF; it never judges them.
+reports (joint / AR-only, no-AR / joint) with TPF, and the paired differences of the
+per-crop scores with their standard errors, since the arms read the same crops; it never
+judges them. Run again with the same --out, an arm that finished its steps is evaluated
+again without retraining (e.g. on more held-out crops).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -33,12 +38,13 @@ ARMS = (Objective.JOINT, Objective.AR_ONLY, Objective.NO_AR)
 class ArmResult:
     objective: str
     steps: int
-    train_seconds: float
+    train_seconds: float | None  # None: trained by an earlier run of the bench
     final_loss: float
     overall: float
     scores: dict[str, float]
     tpf: float
     exact: bool | None
+    item_scores: dict[str, float]
 
 
 def arm_config(args, objective: Objective) -> TrainConfig:
@@ -56,13 +62,21 @@ def run_arm(args, objective: Objective, items) -> ArmResult:
     config = arm_config(args, objective)
     started = time.perf_counter()
     history = Trainer(config).run(progress_bar=False)
-    seconds = time.perf_counter() - started
+    seconds = time.perf_counter() - started if history else None
     recognizer = load_recognizer(Path(config.output_dir) / "checkpoint", dtype=getattr(torch, args.dtype))
     report = evaluate(recognizer, items, batch_size=32, check_exact=True)
-    tail = history[-10:] or history
-    final_loss = sum(record.loss for record in tail) / max(1, len(tail))
-    return ArmResult(objective.value, config.steps, seconds, final_loss, report.overall, report.scores,
-                     report.tpf, report.exact)
+    log = Path(config.output_dir) / "train_log.jsonl"
+    tail = [json.loads(line)["loss"] for line in log.read_text().splitlines()[-10:]]
+    return ArmResult(objective.value, config.steps, seconds, statistics.fmean(tail), report.overall, report.scores,
+                     report.tpf, report.exact, {item.id: item.score for item in report.items})
+
+
+def paired_difference(a: ArmResult, b: ArmResult) -> tuple[float, float]:
+    """Mean of a's minus b's per-crop score, and its standard error."""
+    differences = [a.item_scores[key] - b.item_scores[key] for key in a.item_scores]
+    if len(differences) < 2:
+        return statistics.fmean(differences), float("nan")
+    return statistics.fmean(differences), statistics.stdev(differences) / math.sqrt(len(differences))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -91,17 +105,24 @@ def main(argv: list[str] | None = None) -> int:
           f"{len(items)} held-out crops")
     print(f"{'objective':<10} {'overall':>8} {'tpf':>6} {'exact':>6} {'loss':>7} {'train s':>8}")
     for result in results.values():
+        seconds = "earlier" if result.train_seconds is None else f"{result.train_seconds:.1f}"
         print(f"{result.objective:<10} {result.overall:8.4f} {result.tpf:6.2f} {str(result.exact):>6} "
-              f"{result.final_loss:7.3f} {result.train_seconds:8.1f}")
+              f"{result.final_loss:7.3f} {seconds:>8}")
     joint, ar_only, no_ar = (results[o] for o in ARMS)
     ratios = {
         "joint_over_ar_only": joint.overall / ar_only.overall if ar_only.overall else float("nan"),
         "no_ar_over_joint": no_ar.overall / joint.overall if joint.overall else float("nan"),
     }
+    differences = {"joint_minus_ar_only": paired_difference(joint, ar_only),
+                   "no_ar_minus_joint": paired_difference(no_ar, joint)}
     print(f"joint / AR-only overall: {ratios['joint_over_ar_only']:.3f}   "
           f"no-AR / joint overall: {ratios['no_ar_over_joint']:.3f}")
+    for name, (mean, error) in differences.items():
+        print(f"{name.replace('_', ' ')}: {mean:+.4f} ± {error:.4f} (paired standard error, {len(items)} crops)")
     if args.json:
-        print(json.dumps({"arms": [asdict(r) for r in results.values()], **ratios}))
+        arms = [{k: v for k, v in asdict(r).items() if k != "item_scores"} for r in results.values()]
+        print(json.dumps({"arms": arms, **ratios, **{k: {"mean": m, "standard_error": e}
+                                                      for k, (m, e) in differences.items()}}))
     return 0
 
 
