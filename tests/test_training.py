@@ -114,3 +114,11 @@ def test_column_ctc_trains_the_vision_tower_and_is_not_exported(tmp_path):
     assert resumed.step == 2 and resumed.column_ctc is not None
     assert torch.equal(resumed.column_ctc.classifier.weight, state["column_ctc"]["classifier.weight"])
     assert resumed.run(progress_bar=False)[-1].ctc_loss > 0
+
+
+@pytest.mark.parametrize("recipe", ["train.yaml", "continue.yaml"])
+def test_the_shipped_models_recipes_are_valid_configs(recipe):
+    from gravityocr.model.loading import DEFAULT_MODEL_DIR
+
+    config = TrainConfig.from_file(DEFAULT_MODEL_DIR / recipe)
+    assert config.size == "small" and config.curriculum
