@@ -20,7 +20,9 @@ from __future__ import annotations
 import functools
 import importlib.util
 import io
+import json
 import math
+import os
 import random
 import re
 import textwrap
@@ -246,9 +248,22 @@ def _read_lines(path: Path, limit_bytes: int) -> list[str]:
     return [" ".join(line.split()) for line in raw.splitlines()]
 
 
+CORPUS_FILE_VARIABLE = "GRAVITYOCR_CORPUS"
+
+
+def write_corpus(path: str | Path) -> None:
+    """Save this machine's corpus, so another machine (a leased GPU) renders the same text."""
+    found = corpus()
+    Path(path).write_text(json.dumps({"prose": found.prose, "code": found.code}))
+
+
 @functools.cache
 def corpus() -> Corpus:
-    """Prose and code lines found on this machine, read once; a built-in list where none are."""
+    """Prose and code lines found on this machine, read once; a built-in list where none are.
+    A file written by `write_corpus`, named in $GRAVITYOCR_CORPUS, replaces them."""
+    if os.environ.get(CORPUS_FILE_VARIABLE):
+        saved = json.loads(Path(os.environ[CORPUS_FILE_VARIABLE]).read_text())
+        return Corpus(tuple(saved["prose"]), tuple(saved["code"]))
     prose: dict[str, None] = {}
     paths = sorted(Path("/usr/share/common-licenses").glob("*")) + sorted(Path("/usr/share/doc").glob("*/copyright"))
     for path in paths:

@@ -38,6 +38,9 @@ from .processor import OcrProcessor, make_image_processor
 from .tokenizer import build_char_tokenizer
 
 SIZES = {"tiny": TINY, "small": SMALL}
+# A time budget times steps [5, 35) of a run (the first ones wait for the loader's workers),
+# then fixes the step count.
+TIME_BUDGET_WINDOW = (5, 35)
 
 
 @dataclass
@@ -63,6 +66,8 @@ class TrainConfig:
     seed: int = 0
     threads: int = 0  # 0: GRAVITYOCR_THREADS, else 1 (on a shared 2-core box one thread beats two)
     device: str = "cpu"
+    data_workers: int = 1  # processes rendering crops; a GPU needs many to stay busy
+    max_seconds: float = 0.0  # >0: a time budget; the step count is re-planned to end inside it
     vision_frozen_steps: int = 300
     vision_lr_scale: float = 0.1
     replay_fraction: float = 0.25  # share of each batch drawn from earlier curriculum phases
@@ -96,6 +101,8 @@ class TrainConfig:
             Objective(phase.objective or self.objective)
         if not self.curriculum:
             raise ValueError("curriculum must have at least one phase")
+        if self.data_workers < 1:
+            raise ValueError(f"data_workers must be at least 1, got {self.data_workers}")
 
     def phase_at(self, step: int) -> int:
         start = 0
@@ -143,13 +150,20 @@ def encode_crop(processor: OcrProcessor, crop: synthetic.SyntheticCrop) -> Train
 
 
 class CropBatches(torch.utils.data.IterableDataset):
-    """Renders and encodes the batches of steps [start, end) in a worker process."""
+    """Renders and encodes the batches of steps [start, end) in worker processes.
+
+    Worker k of n takes steps start+k, start+k+n, ...: the loader reads its workers in
+    turn, so batches arrive in step order whatever the number of workers."""
 
     def __init__(self, config: TrainConfig, processor: OcrProcessor, start: int):
         self.config, self.processor, self.start = config, processor, start
 
     def __iter__(self) -> Iterator[list[TrainingSample]]:
-        for step in range(self.start, self.config.steps):
+        worker = torch.utils.data.get_worker_info()
+        index, count = (worker.id, worker.num_workers) if worker is not None else (0, 1)
+        if worker is not None:
+            torch.set_num_threads(1)  # rendering is single-threaded; many workers share the cores
+        for step in range(self.start + index, self.config.steps, count):
             batch = []
             for index in range(self.config.batch_size):
                 seed, stage = sample_for_step(self.config, step, index)
@@ -296,13 +310,23 @@ class Trainer:
                 if line and json.loads(line)["step"] <= self.step]
         self.log_path.write_text("".join(line + "\n" for line in kept))
 
+    def _plan_steps_within_budget(self, elapsed: float, per_step: float) -> None:
+        """Shorten the run to what fits in `max_seconds` at the speed measured so far, so the
+        learning-rate schedule anneals fully inside the budget (a leased GPU, a nightly slot)."""
+        planned = self.step + int((self.config.max_seconds - elapsed) / per_step)
+        self.config.steps = max(self.step, min(self.config.steps, planned))
+        self._write_config()
+
+    def _write_config(self) -> None:
+        (self.output / "train_config.json").write_text(json.dumps(dataclasses.asdict(self.config), indent=2))
+
     def run(self, progress_bar: bool = True) -> list[TrainProgress]:
         self.output.mkdir(parents=True, exist_ok=True)
         self._drop_log_records_after_checkpoint()
-        (self.output / "train_config.json").write_text(json.dumps(dataclasses.asdict(self.config), indent=2))
+        self._write_config()
         loader = torch.utils.data.DataLoader(
             CropBatches(self.config, self.recognizer.processor, self.step), batch_size=None,
-            num_workers=1, prefetch_factor=4, persistent_workers=False,
+            num_workers=self.config.data_workers, prefetch_factor=4, persistent_workers=False,
         )
         history: list[TrainProgress] = []
         bar = tqdm(total=self.config.steps, initial=self.step, disable=not progress_bar, unit="step", dynamic_ncols=True)
@@ -329,8 +353,20 @@ class Trainer:
                     postfix["ar_shuffled"] = f"{shuffled:.3f}"
                 bar.set_postfix(postfix)
                 bar.update(1)
-                if self.step % self.config.checkpoint_every == 0 or self.step == self.config.steps:
+                if self.config.max_seconds > 0:
+                    if self.step - first_step == TIME_BUDGET_WINDOW[0]:
+                        window_started = elapsed
+                    elif self.step - first_step == TIME_BUDGET_WINDOW[1]:
+                        per_step = (elapsed - window_started) / (TIME_BUDGET_WINDOW[1] - TIME_BUDGET_WINDOW[0])
+                        self._plan_steps_within_budget(elapsed, per_step)
+                        bar.total = self.config.steps
+                    if elapsed >= self.config.max_seconds and self.step < self.config.steps:
+                        self.config.steps = self.step  # slower than planned: stop on time regardless
+                        self._write_config()
+                if self.step % self.config.checkpoint_every == 0 or self.step >= self.config.steps:
                     self.save_checkpoint()
+                if self.step >= self.config.steps:
+                    break  # a re-planned budget ends before the loader's last batch
         bar.close()
         return history
 
@@ -347,6 +383,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--output-dir", help="where checkpoints and the log go (overrides the config)")
     parser.add_argument("--steps", type=int, help="total steps (overrides the config)")
     parser.add_argument("--threads", type=int, help="torch threads (overrides the config)")
+    parser.add_argument("--device", help="torch device, e.g. cuda (overrides the config)")
+    parser.add_argument("--data-workers", type=int, help="crop-rendering processes (overrides the config)")
+    parser.add_argument("--max-seconds", type=float, help="time budget: the step count is re-planned to fit (overrides the config)")
     parser.add_argument("--export", metavar="DIR", help="after training, write a float16 weights-only snapshot here")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (logs still go to train_log.jsonl)")
 
@@ -359,6 +398,13 @@ def run(args) -> int:
         config.steps = args.steps
     if args.threads:
         config.threads = args.threads
+    if args.device:
+        config.device = args.device
+    if args.data_workers:
+        config.data_workers = args.data_workers
+    if args.max_seconds:
+        config.max_seconds = args.max_seconds
+    config.validate()
     trainer = Trainer(config)
     if trainer.step:
         print(f"resuming {config.output_dir} from step {trainer.step}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import re
 
 import numpy as np
@@ -137,3 +138,21 @@ def test_clean_text_maps_onto_the_allowed_characters():
 def test_corpus_has_prose_and_code():
     lines = corpus()
     assert len(lines.prose) >= 5 and len(lines.code) >= 5
+
+
+def test_a_saved_corpus_replaces_the_machines_own(tmp_path, monkeypatch):
+    """A leased machine renders this machine's text: the corpus travels as a file."""
+    from gravityocr.model import synthetic
+
+    saved = tmp_path / "corpus.json"
+    synthetic.write_corpus(saved)
+    here = corpus()
+    monkeypatch.setenv(synthetic.CORPUS_FILE_VARIABLE, str(saved))
+    corpus.cache_clear()
+    try:
+        assert corpus() == here
+        saved.write_text(json.dumps({"prose": ["Only this line."], "code": ["x = 1"]}))
+        corpus.cache_clear()
+        assert corpus() == synthetic.Corpus(("Only this line.",), ("x = 1",))
+    finally:
+        corpus.cache_clear()

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from gravityocr.cli import main
-from gravityocr.model.training import CurriculumPhase, TrainConfig, Trainer
+from gravityocr.model.training import TIME_BUDGET_WINDOW, CurriculumPhase, TrainConfig, Trainer
 
 CONFIG_YAML = """
 size: tiny
@@ -116,7 +116,38 @@ def test_column_ctc_trains_the_vision_tower_and_is_not_exported(tmp_path):
     assert resumed.run(progress_bar=False)[-1].ctc_loss > 0
 
 
-@pytest.mark.parametrize("recipe", ["train.yaml", "continue.yaml"])
+def test_many_loader_workers_deliver_the_single_worker_batches_in_step_order(tmp_path):
+    from gravityocr.model.training import CropBatches, build_fresh_recognizer
+
+    phases = [CurriculumPhase("mono-2-5", 2), CurriculumPhase("fonts-8-20", 5)]
+    config = TrainConfig(output_dir=str(tmp_path), size="tiny", steps=7, batch_size=3, curriculum=phases, threads=1)
+    processor = build_fresh_recognizer(config).processor
+
+    def targets(workers: int) -> list[list[list[int]]]:
+        loader = torch.utils.data.DataLoader(CropBatches(config, processor, start=2), batch_size=None,
+                                             num_workers=workers)
+        return [[sample.target_ids for sample in batch] for batch in loader]
+
+    single = targets(1)
+    assert len(single) == 5 and len({str(batch) for batch in single}) == 5
+    assert targets(3) == single
+
+
+def test_a_time_budget_ends_the_run_early_with_a_checkpoint_of_its_last_step(tmp_path):
+    config = TrainConfig(output_dir=str(tmp_path), size="tiny", steps=10_000, batch_size=2, warmup_steps=1,
+                         checkpoint_every=1000, shuffled_loss_every=1000, threads=1, data_workers=2,
+                         max_seconds=20, curriculum=[CurriculumPhase("mono-2-5", 10_000)])
+    history = Trainer(config).run(progress_bar=False)
+    last = history[-1].step
+    assert TIME_BUDGET_WINDOW[1] <= last < 10_000  # planned from the timed window, far short of the config's steps
+    state = torch.load(tmp_path / "checkpoint" / "trainer_state.pt", weights_only=False)
+    assert state["step"] == last
+    assert json.loads((tmp_path / "train_config.json").read_text())["steps"] == last
+    with pytest.raises(ValueError, match="data_workers"):
+        TrainConfig(data_workers=0).validate()
+
+
+@pytest.mark.parametrize("recipe", ["train.yaml", "continue.yaml", "gpu.yaml"])
 def test_the_shipped_models_recipes_are_valid_configs(recipe):
     from gravityocr.model.loading import DEFAULT_MODEL_DIR
 
