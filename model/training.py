@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import multiprocessing
 import os
 import random
 import shutil
@@ -31,7 +32,7 @@ from tqdm import tqdm
 from . import synthetic
 from .column_ctc import ColumnCtcHead
 from .configs import SMALL, TINY, build_config
-from .joint_loss import Objective, TrainingSample, build_joint_batch, joint_loss
+from .joint_loss import JointBatch, Objective, TrainingSample, build_joint_batch, joint_loss
 from .loading import Recognizer, load_recognizer, save_recognizer
 from .modeling import GravityOcrForConditionalGeneration
 from .processor import OcrProcessor, make_image_processor
@@ -149,26 +150,61 @@ def encode_crop(processor: OcrProcessor, crop: synthetic.SyntheticCrop) -> Train
     return TrainingSample(prompt, text_ids + processor.eos_token_ids, text_ids if single_line else None)
 
 
+@dataclass
+class StepBatch:
+    """One step's training input, built in a loader worker so the training process only
+    moves tensors to the device (measured on an H200: building joint batches in the main
+    process capped a step of 64 crops at ~2.5/s, the GPU mostly idle)."""
+
+    step: int
+    joint: JointBatch
+    column_labels: list[list[int] | None]  # for the auxiliary CTC loss
+    shuffled: JointBatch | None  # AR-only batch with images rolled across samples, on logging steps
+
+
+def shuffled_image_samples(samples: list[TrainingSample]) -> list[TrainingSample]:
+    """Each sample given the next sample's image (rolled prompts keep lengths consistent)."""
+    return [TrainingSample(samples[(i + 1) % len(samples)].prompt, sample.target_ids)
+            for i, sample in enumerate(samples)]
+
+
+def step_generator(config: TrainConfig, step: int) -> torch.Generator:
+    """Corruption ratios and block offsets of one step: a function of the step alone, so a
+    resumed run, and any number of workers, draw what an uninterrupted run would."""
+    return torch.Generator().manual_seed(config.seed * 1_000_003 + step)
+
+
 class CropBatches(torch.utils.data.IterableDataset):
-    """Renders and encodes the batches of steps [start, end) in worker processes.
+    """Renders, encodes and lays out the batches of steps [start, end) in worker processes.
 
     Worker k of n takes steps start+k, start+k+n, ...: the loader reads its workers in
-    turn, so batches arrive in step order whatever the number of workers."""
+    turn, so batches arrive in step order whatever the number of workers. The model is
+    read only for its token ids and rope positions (no weights, no device)."""
 
-    def __init__(self, config: TrainConfig, processor: OcrProcessor, start: int):
-        self.config, self.processor, self.start = config, processor, start
+    def __init__(self, config: TrainConfig, processor: OcrProcessor, model: GravityOcrForConditionalGeneration,
+                 start: int):
+        self.config, self.processor, self.model, self.start = config, processor, model, start
 
-    def __iter__(self) -> Iterator[list[TrainingSample]]:
+    def batch_for_step(self, step: int) -> StepBatch:
+        samples = []
+        for index in range(self.config.batch_size):
+            seed, stage = sample_for_step(self.config, step, index)
+            samples.append(encode_crop(self.processor, synthetic.generate_crop(seed, stage)))
+        joint = build_joint_batch(self.model, samples, self.config.objective_at(step), self.config.block_size,
+                                  generator=step_generator(self.config, step))
+        shuffled = None
+        if step % self.config.shuffled_loss_every == 0:
+            shuffled = build_joint_batch(self.model, shuffled_image_samples(samples), Objective.AR_ONLY,
+                                         self.config.block_size, random_block_offset=False)
+        return StepBatch(step, joint, [sample.column_labels for sample in samples], shuffled)
+
+    def __iter__(self) -> Iterator[StepBatch]:
         worker = torch.utils.data.get_worker_info()
         index, count = (worker.id, worker.num_workers) if worker is not None else (0, 1)
         if worker is not None:
             torch.set_num_threads(1)  # rendering is single-threaded; many workers share the cores
         for step in range(self.start + index, self.config.steps, count):
-            batch = []
-            for index in range(self.config.batch_size):
-                seed, stage = sample_for_step(self.config, step, index)
-                batch.append(encode_crop(self.processor, synthetic.generate_crop(seed, stage)))
-            yield batch
+            yield self.batch_for_step(step)
 
 
 def rescale_fresh_model(model: GravityOcrForConditionalGeneration) -> None:
@@ -230,9 +266,6 @@ class Trainer:
         self.checkpoint_dir = self.output / "checkpoint"
         torch.set_num_threads(config.resolved_threads())
         self.step = 0
-        # Corruption ratios and block offsets come from this generator alone, so that a
-        # resumed run draws exactly what an uninterrupted one would.
-        self.generator = torch.Generator().manual_seed(config.seed)
         if (self.checkpoint_dir / "trainer_state.pt").exists():
             self.recognizer = load_recognizer(self.checkpoint_dir)
             self.recognizer.model.train()
@@ -254,23 +287,23 @@ class Trainer:
                 self.column_ctc.load_state_dict(state["column_ctc"])
             self.optimizer.load_state_dict(state["optimizer"])
             self.step = state["step"]
-            self.generator.set_state(state["generator"])
         self.log_path = self.output / "train_log.jsonl"
 
     def _vision_trainable_now(self) -> bool:
         return self.step >= self.config.vision_frozen_steps
 
-    def train_step(self, batch: list[TrainingSample]) -> tuple[float, float, float, float]:
+    def train_step(self, batch: StepBatch) -> tuple[float, float, float, float]:
+        if batch.step != self.step:
+            raise RuntimeError(f"the loader delivered step {batch.step} for step {self.step}")
         set_vision_trainable(self.model, self._vision_trainable_now())
         lr = learning_rate(self.config, self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr * group["lr_scale"]
         objective = self.config.objective_at(self.step)
-        joint = build_joint_batch(self.model, batch, objective, self.config.block_size, generator=self.generator)
-        parts = joint_loss(self.model, joint, objective)
+        parts = joint_loss(self.model, batch.joint, objective)
         total, ctc = parts.total, parts.total.new_zeros(())
         if self.column_ctc is not None:
-            ctc = self.column_ctc.loss(joint.image_grid_thw, [sample.column_labels for sample in batch])
+            ctc = self.column_ctc.loss(batch.joint.image_grid_thw, batch.column_labels)
             total = total + self.config.ctc_weight * ctc
         self.optimizer.zero_grad(set_to_none=True)
         total.backward()
@@ -280,12 +313,10 @@ class Trainer:
         return total.item(), parts.ar.item(), parts.denoise.item(), ctc.item()
 
     @torch.no_grad()
-    def shuffled_image_loss(self, batch: list[TrainingSample]) -> float:
-        """AR loss with each sample given another sample's image (rolled prompts keep lengths
-        consistent): equal to the real loss while the model ignores the image."""
-        rolled = [TrainingSample(batch[(i + 1) % len(batch)].prompt, sample.target_ids) for i, sample in enumerate(batch)]
-        joint = build_joint_batch(self.model, rolled, Objective.AR_ONLY, self.config.block_size)
-        return joint_loss(self.model, joint, Objective.AR_ONLY).ar.item()
+    def shuffled_image_loss(self, shuffled: JointBatch) -> float:
+        """AR loss with each sample given another sample's image: equal to the real loss
+        while the model ignores the image."""
+        return joint_loss(self.model, shuffled, Objective.AR_ONLY).ar.item()
 
     def save_checkpoint(self) -> None:
         staging = self.output / "checkpoint.tmp"
@@ -293,7 +324,7 @@ class Trainer:
         save_recognizer(self.recognizer, staging)
         torch.save({"optimizer": self.optimizer.state_dict(), "step": self.step,
                     "column_ctc": self.column_ctc.state_dict() if self.column_ctc is not None else None,
-                    "generator": self.generator.get_state(), "config": dataclasses.asdict(self.config)},
+                    "config": dataclasses.asdict(self.config)},
                    staging / "trainer_state.pt")
         previous = self.output / "checkpoint.old"
         shutil.rmtree(previous, ignore_errors=True)
@@ -325,8 +356,10 @@ class Trainer:
         self._drop_log_records_after_checkpoint()
         self._write_config()
         loader = torch.utils.data.DataLoader(
-            CropBatches(self.config, self.recognizer.processor, self.step), batch_size=None,
+            CropBatches(self.config, self.recognizer.processor, self.model, self.step), batch_size=None,
             num_workers=self.config.data_workers, prefetch_factor=4, persistent_workers=False,
+            # forked workers share the model object unpickled, never touching its (GPU) weights
+            multiprocessing_context="fork" if "fork" in multiprocessing.get_all_start_methods() else None,
         )
         history: list[TrainProgress] = []
         bar = tqdm(total=self.config.steps, initial=self.step, disable=not progress_bar, unit="step", dynamic_ncols=True)
@@ -335,9 +368,7 @@ class Trainer:
         with self.log_path.open("a") as log:
             for batch in loader:
                 loss, ar, denoise, ctc = self.train_step(batch)
-                shuffled = None
-                if self.step % self.config.shuffled_loss_every == 0:
-                    shuffled = self.shuffled_image_loss(batch)
+                shuffled = self.shuffled_image_loss(batch.shuffled) if batch.shuffled is not None else None
                 self.step += 1
                 elapsed = time.perf_counter() - started
                 rate = (self.step - first_step) * self.config.batch_size / max(elapsed, 1e-9)

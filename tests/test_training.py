@@ -121,16 +121,19 @@ def test_many_loader_workers_deliver_the_single_worker_batches_in_step_order(tmp
 
     phases = [CurriculumPhase("mono-2-5", 2), CurriculumPhase("fonts-8-20", 5)]
     config = TrainConfig(output_dir=str(tmp_path), size="tiny", steps=7, batch_size=3, curriculum=phases, threads=1)
-    processor = build_fresh_recognizer(config).processor
+    recognizer = build_fresh_recognizer(config)
 
-    def targets(workers: int) -> list[list[list[int]]]:
-        loader = torch.utils.data.DataLoader(CropBatches(config, processor, start=2), batch_size=None,
-                                             num_workers=workers)
-        return [[sample.target_ids for sample in batch] for batch in loader]
+    def batches(workers: int) -> list:
+        loader = torch.utils.data.DataLoader(CropBatches(config, recognizer.processor, recognizer.model, start=2),
+                                             batch_size=None, num_workers=workers)
+        return list(loader)
 
-    single = targets(1)
-    assert len(single) == 5 and len({str(batch) for batch in single}) == 5
-    assert targets(3) == single
+    single, many = batches(1), batches(3)
+    assert [batch.step for batch in single] == [batch.step for batch in many] == [2, 3, 4, 5, 6]
+    assert len({str(batch.joint.input_ids.tolist()) for batch in single}) == 5
+    for one, other in zip(single, many):
+        for name in ("input_ids", "position_ids", "attention_mask", "pixel_values", "ar_targets", "denoise_targets"):
+            assert torch.equal(getattr(one.joint, name), getattr(other.joint, name)), (one.step, name)
 
 
 def test_a_time_budget_ends_the_run_early_with_a_checkpoint_of_its_last_step(tmp_path):
