@@ -68,7 +68,7 @@ class TrainConfig:
     threads: int = 0  # 0: GRAVITYOCR_THREADS, else 1 (on a shared 2-core box one thread beats two)
     device: str = "cpu"
     data_workers: int = 1  # processes rendering crops; a GPU needs many to stay busy
-    max_seconds: float = 0.0  # >0: a time budget; the step count is re-planned to end inside it
+    max_seconds: float = 0.0  # >0: this invocation's time budget; the step count is re-planned to fit it
     vision_frozen_steps: int = 300
     vision_lr_scale: float = 0.1
     replay_fraction: float = 0.25  # share of each batch drawn from earlier curriculum phases
