@@ -49,6 +49,7 @@ class CurriculumPhase:
     stage: str  # a synthetic.CURRICULUM stage name
     steps: int  # steps spent in this phase (the last phase runs until the end)
     objective: str | None = None  # overrides TrainConfig.objective (e.g. plain AR until the model reads)
+    kind: str | None = None  # only this content type of the stage ("text", "table", "formula")
 
 
 @dataclass
@@ -98,8 +99,11 @@ class TrainConfig:
             raise ValueError(f"size must be one of {sorted(SIZES)}, got {self.size!r}")
         Objective(self.objective)
         for phase in self.curriculum:
-            synthetic.stage_by_name(phase.stage)
+            stage = synthetic.stage_by_name(phase.stage)
             Objective(phase.objective or self.objective)
+            if phase.kind is not None and stage.type_weights.get(phase.kind, 0) <= 0:
+                raise ValueError(f"stage {phase.stage!r} has no {phase.kind!r} crops "
+                                 f"(it has {sorted(stage.type_weights)})")
         if not self.curriculum:
             raise ValueError("curriculum must have at least one phase")
         if self.data_workers < 1:
@@ -132,15 +136,17 @@ class TrainProgress:
     ctc_loss: float = 0.0
 
 
-def sample_for_step(config: TrainConfig, step: int, index: int) -> tuple[int, synthetic.CurriculumStage]:
-    """Which crop the index-th sample of `step` is: deterministic, so a resumed run sees
-    exactly the data an uninterrupted one would."""
+def sample_for_step(config: TrainConfig, step: int, index: int) -> tuple[int, synthetic.CurriculumStage, str | None]:
+    """Which crop the index-th sample of `step` is (seed, stage, content type or None for
+    the stage's mix): deterministic, so a resumed run sees exactly the data an uninterrupted
+    one would."""
     seed = config.seed * 1_000_003 + step * config.batch_size + index
     rng = random.Random(seed)
     phase = config.phase_at(step)
     if phase > 0 and rng.random() < config.replay_fraction:
         phase = rng.randrange(phase)
-    return seed % 10**9, synthetic.stage_by_name(config.curriculum[phase].stage)
+    chosen = config.curriculum[phase]
+    return seed % 10**9, synthetic.stage_by_name(chosen.stage), chosen.kind
 
 
 def encode_crop(processor: OcrProcessor, crop: synthetic.SyntheticCrop) -> TrainingSample:
@@ -188,8 +194,8 @@ class CropBatches(torch.utils.data.IterableDataset):
     def batch_for_step(self, step: int) -> StepBatch:
         samples = []
         for index in range(self.config.batch_size):
-            seed, stage = sample_for_step(self.config, step, index)
-            samples.append(encode_crop(self.processor, synthetic.generate_crop(seed, stage)))
+            seed, stage, kind = sample_for_step(self.config, step, index)
+            samples.append(encode_crop(self.processor, synthetic.generate_crop(seed, stage, kind)))
         joint = build_joint_batch(self.model, samples, self.config.objective_at(step), self.config.block_size,
                                   generator=step_generator(self.config, step))
         shuffled = None

@@ -150,6 +150,22 @@ def test_a_time_budget_ends_the_run_early_with_a_checkpoint_of_its_last_step(tmp
         TrainConfig(data_workers=0).validate()
 
 
+def test_a_phase_can_restrict_its_stage_to_one_content_type(tmp_path):
+    from gravityocr.model import synthetic
+    from gravityocr.model.training import sample_for_step
+
+    recipe = tmp_path / "formulas.yaml"
+    recipe.write_text("curriculum:\n  - {stage: fonts-8-20, steps: 0}\n  - {stage: hard, kind: formula, steps: 5}\n"
+                      "batch_size: 8\nreplay_fraction: 0.5\n")
+    config = TrainConfig.from_file(recipe)
+    drawn = [synthetic.generate_crop(*sample_for_step(config, step, index)) for step in range(5) for index in range(8)]
+    kinds = [crop.type for crop in drawn]
+    assert set(kinds) == {"formula", "text"}  # the restricted phase, and replay of the text stage
+    assert kinds.count("formula") > 10
+    with pytest.raises(ValueError, match="has no 'table' crops"):
+        TrainConfig(curriculum=[CurriculumPhase("fonts-8-20", 1, kind="table")]).validate()
+
+
 @pytest.mark.parametrize("recipe", ["train.yaml", "continue.yaml", "gpu.yaml"])
 def test_the_shipped_models_recipes_are_valid_configs(recipe):
     from gravityocr.model.loading import DEFAULT_MODEL_DIR
