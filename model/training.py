@@ -429,18 +429,9 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     config = TrainConfig.from_file(args.config) if args.config else TrainConfig()
-    if args.output_dir:
-        config.output_dir = args.output_dir
-    if args.steps:
-        config.steps = args.steps
-    if args.threads:
-        config.threads = args.threads
-    if args.device:
-        config.device = args.device
-    if args.data_workers:
-        config.data_workers = args.data_workers
-    if args.max_seconds:
-        config.max_seconds = args.max_seconds
+    for name in ("output_dir", "steps", "threads", "device", "data_workers", "max_seconds"):
+        if getattr(args, name):  # a flag given on the command line overrides the config file
+            setattr(config, name, getattr(args, name))
     config.validate()
     trainer = Trainer(config)
     if trainer.step:
