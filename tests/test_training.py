@@ -166,7 +166,7 @@ def test_a_phase_can_restrict_its_stage_to_one_content_type(tmp_path):
         TrainConfig(curriculum=[CurriculumPhase("fonts-8-20", 1, kind="table")]).validate()
 
 
-@pytest.mark.parametrize("recipe", ["train.yaml", "continue.yaml", "gpu.yaml"])
+@pytest.mark.parametrize("recipe", ["train.yaml", "continue.yaml", "gpu.yaml", "formulas.yaml"])
 def test_the_shipped_models_recipes_are_valid_configs(recipe):
     from gravityocr.model.loading import DEFAULT_MODEL_DIR
 
