@@ -213,6 +213,22 @@ def record_page(status: str = STATUS_OK, error_reason: str | None = None) -> Non
         _inc(PAGE_ERRORS, 1, reason=error_reason or "unknown")
 
 
+def wait_for_export() -> None:
+    """Block for one of Ray's metric report intervals, plus a margin. Ray pushes a process's
+    metrics only on that period, and what a process recorded since the last push is lost
+    when it ends (ray-project/ray#66178); a short-lived recorder (the batch job's driver,
+    which counts pages and documents) calls this before it ends. A no-op without Ray."""
+    if not _ray_connected():
+        return
+    import ray
+
+    try:
+        interval_s = ray._config.metrics_report_interval_ms() / 1000
+    except AttributeError:  # the setting's accessor is not public API
+        interval_s = 10.0
+    time.sleep(interval_s + 1.0)
+
+
 def record_decode(content_type: str, committed_tokens: int, forward_passes: int,
                   accepted_per_round: Iterable[int] = ()) -> None:
     """One region decoded: its token and pass counts (TPF = tokens / passes) and the number

@@ -183,11 +183,12 @@ class PageReader:
 
 
 def _record_page_metrics(result) -> None:
+    # Pages are counted by the driver (_finish_document): an engine actor is killed when the
+    # job ends, losing counts recorded since Ray's last metrics push.
     for region in result.regions:
         if region.stats:
             metrics.record_decode(region.task or region.type, region.stats["committed_tokens"],
                                   region.stats["forward_passes"], region.stats["accepted_per_round"])
-    metrics.record_page(error_reason="layout_failed" if result.error else None)
 
 
 # --- stage 3: write pages (CPU tasks) -----------------------------------------------------
@@ -262,6 +263,7 @@ def run_batch_job(config: BatchJobConfig) -> BatchSummary:
         todo = documents
 
     if todo:
+        joins_cluster = bool(config.address or os.environ.get("RAY_ADDRESS"))
         if not ray.is_initialized():
             ray.init(address=config.address, log_to_driver=False)
         cpus, gpus = _cluster_resources()
@@ -295,6 +297,8 @@ def run_batch_job(config: BatchJobConfig) -> BatchSummary:
             pages = by_document[row["document_id"]]
             if len(pages) == row["page_count"]:
                 _finish_document(destination, row["document_id"], pages, summary)
+        if joins_cluster:
+            metrics.wait_for_export()  # the last pages' counts reach the cluster's Prometheus
     summary.seconds = time.perf_counter() - started
     summary.pages_per_second = summary.pages / summary.seconds if summary.seconds else 0.0
     summary.tpf = summary.committed_tokens / summary.forward_passes if summary.forward_passes else 0.0
@@ -316,6 +320,7 @@ def _finish_document(destination: StorageLocation, document_id: str, pages: list
         if page["page_number"] > 0:
             summary.pages += 1
             summary.page_errors += bool(page["error_reason"])
+            metrics.record_page(error_reason=page["error_reason"])
     if document_failed:
         summary.documents_failed += 1
         return  # no markdown: a later --resume tries the document again
