@@ -92,8 +92,11 @@ def local_cluster():
     _require("moto_server", "pip install 'moto[server]' (in the dev extra)")
     _require("ray", "pip install -e . (ray is a dependency)")
     state = tempfile.mkdtemp(prefix="gocr", dir="/tmp")  # short: Ray's Unix socket paths
+    # Two logical CPUs a worker: the Serve replica (1 CPU) may land on the engine worker, and
+    # the batch job's engine actor (1 CPU + engine_worker) must still fit there (with one
+    # CPU the actor stayed pending for the whole job: seen in a CI run).
     env = {**os.environ, "GRAVITYOCR_LOCAL_DIR": state, "GRAVITYOCR_PORT_BASE": str(_port_base()),
-           "CPU_WORKERS": "1", "ENGINE_WORKERS": "1", "WORKER_CPUS": "1", "RAY_AUTH_MODE": "token",
+           "CPU_WORKERS": "1", "ENGINE_WORKERS": "1", "WORKER_CPUS": "2", "RAY_AUTH_MODE": "token",
            "START_TIMEOUT_S": "240", "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     try:
         up = subprocess.run(["bash", str(CLUSTER), "up"], env=env, capture_output=True, text=True, timeout=900)
