@@ -262,8 +262,8 @@ def run_batch_job(config: BatchJobConfig) -> BatchSummary:
     else:
         todo = documents
 
+    joins_cluster = bool(config.address or os.environ.get("RAY_ADDRESS"))
     if todo:
-        joins_cluster = bool(config.address or os.environ.get("RAY_ADDRESS"))
         if not ray.is_initialized():
             ray.init(address=config.address, log_to_driver=False)
         cpus, gpus = _cluster_resources()
@@ -297,12 +297,12 @@ def run_batch_job(config: BatchJobConfig) -> BatchSummary:
             pages = by_document[row["document_id"]]
             if len(pages) == row["page_count"]:
                 _finish_document(destination, row["document_id"], pages, summary)
-        if joins_cluster:
-            metrics.wait_for_export()  # the last pages' counts reach the cluster's Prometheus
     summary.seconds = time.perf_counter() - started
     summary.pages_per_second = summary.pages / summary.seconds if summary.seconds else 0.0
     summary.tpf = summary.committed_tokens / summary.forward_passes if summary.forward_passes else 0.0
     write_atomic(destination, "_summary.json", json.dumps(asdict(summary), indent=2).encode())
+    if todo and joins_cluster:
+        metrics.wait_for_export()  # the last pages' counts reach the cluster's Prometheus
     return summary
 
 
