@@ -432,8 +432,7 @@ def run(args) -> int:
     for name in ("output_dir", "steps", "threads", "device", "data_workers", "max_seconds"):
         if getattr(args, name):  # a flag given on the command line overrides the config file
             setattr(config, name, getattr(args, name))
-    config.validate()
-    trainer = Trainer(config)
+    trainer = Trainer(config)  # validates the config
     if trainer.step:
         print(f"resuming {config.output_dir} from step {trainer.step}")
     trainer.run(progress_bar=not args.no_progress)
