@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import multiprocessing
 import os
 import random
@@ -36,12 +35,10 @@ from .joint_loss import JointBatch, Objective, TrainingSample, build_joint_batch
 from .loading import Recognizer, load_recognizer, save_recognizer
 from .modeling import GravityOcrForConditionalGeneration
 from .processor import OcrProcessor, make_image_processor
+from .schedule import LearningRateSchedule, TimeBudget
 from .tokenizer import build_char_tokenizer
 
 SIZES = {"tiny": TINY, "small": SMALL}
-# A time budget times steps [5, 35) of a run (the first ones wait for the loader's workers),
-# then fixes the step count.
-TIME_BUDGET_WINDOW = (5, 35)
 
 
 @dataclass
@@ -251,14 +248,6 @@ def parameter_groups(model: GravityOcrForConditionalGeneration, config: TrainCon
     ]
 
 
-def learning_rate(config: TrainConfig, step: int) -> float:
-    if step < config.warmup_steps:
-        return config.learning_rate * (step + 1) / config.warmup_steps
-    progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
-    cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-    return config.min_learning_rate + (config.learning_rate - config.min_learning_rate) * cosine
-
-
 def set_vision_trainable(model: GravityOcrForConditionalGeneration, trainable: bool) -> None:
     for name, parameter in model.model.visual.named_parameters():
         parameter.requires_grad_(trainable and not name.endswith(".bias"))
@@ -287,12 +276,20 @@ class Trainer:
             self.column_ctc = ColumnCtcHead(self.model).to(config.device)
             groups.append({"params": list(self.column_ctc.parameters()), "lr_scale": 1.0})
         self.optimizer = torch.optim.AdamW(groups, lr=config.learning_rate, weight_decay=config.weight_decay)
+        self.requested_steps = config.steps  # before a time budget shortens the run
+        plan = {"end_step": config.steps}
         if (self.checkpoint_dir / "trainer_state.pt").exists():
             state = torch.load(self.checkpoint_dir / "trainer_state.pt", weights_only=False)
             if self.column_ctc is not None:
                 self.column_ctc.load_state_dict(state["column_ctc"])
             self.optimizer.load_state_dict(state["optimizer"])
             self.step = state["step"]
+            # Asked for the same run again: go on with its plan (a budget may have shortened it)
+            # rather than with the schedule of the configured length until the budget re-plans.
+            if state.get("requested_steps") == config.steps:
+                plan = state["schedule"]
+                config.steps = plan["end_step"]
+        self.schedule = LearningRateSchedule(config.learning_rate, config.min_learning_rate, config.warmup_steps, **plan)
         self.log_path = self.output / "train_log.jsonl"
 
     def _vision_trainable_now(self) -> bool:
@@ -302,15 +299,18 @@ class Trainer:
         if batch.step != self.step:
             raise RuntimeError(f"the loader delivered step {batch.step} for step {self.step}")
         set_vision_trainable(self.model, self._vision_trainable_now())
-        lr = learning_rate(self.config, self.step)
+        lr = self.schedule.rate(self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr * group["lr_scale"]
         objective = self.config.objective_at(self.step)
-        parts = joint_loss(self.model, batch.joint, objective)
-        total, ctc = parts.total, parts.total.new_zeros(())
-        if self.column_ctc is not None:
+        if self.column_ctc is None:
+            parts = joint_loss(self.model, batch.joint, objective)
+            total, ctc = parts.total, parts.total.new_zeros(())
+        else:
+            with self.column_ctc.capturing(self.model):
+                parts = joint_loss(self.model, batch.joint, objective)
             ctc = self.column_ctc.loss(batch.joint.image_grid_thw, batch.column_labels)
-            total = total + self.config.ctc_weight * ctc
+            total = parts.total + self.config.ctc_weight * ctc
         self.optimizer.zero_grad(set_to_none=True)
         total.backward()
         torch.nn.utils.clip_grad_norm_([p for group in self.optimizer.param_groups for p in group["params"]],
@@ -329,6 +329,7 @@ class Trainer:
         shutil.rmtree(staging, ignore_errors=True)
         save_recognizer(self.recognizer, staging)
         torch.save({"optimizer": self.optimizer.state_dict(), "step": self.step,
+                    "requested_steps": self.requested_steps, "schedule": self.schedule.plan(),
                     "column_ctc": self.column_ctc.state_dict() if self.column_ctc is not None else None,
                     "config": dataclasses.asdict(self.config)},
                    staging / "trainer_state.pt")
@@ -347,11 +348,10 @@ class Trainer:
                 if line and json.loads(line)["step"] <= self.step]
         self.log_path.write_text("".join(line + "\n" for line in kept))
 
-    def _plan_steps_within_budget(self, elapsed: float, per_step: float) -> None:
-        """Shorten the run to what fits in `max_seconds` at the speed measured so far, so the
-        learning-rate schedule anneals fully inside the budget (a leased GPU, a nightly slot)."""
-        planned = self.step + int((self.config.max_seconds - elapsed) / per_step)
-        self.config.steps = max(self.step, min(self.config.steps, planned))
+    def replan(self, end_step: int) -> None:
+        """End the run at `end_step`; the learning rate goes on from where it is."""
+        self.config.steps = end_step
+        self.schedule.retarget(self.step, end_step)
         self._write_config()
 
     def _write_config(self) -> None:
@@ -371,6 +371,7 @@ class Trainer:
         bar = tqdm(total=self.config.steps, initial=self.step, disable=not progress_bar, unit="step", dynamic_ncols=True)
         started = time.perf_counter()
         first_step = self.step
+        budget = TimeBudget(self.config.max_seconds, first_step) if self.config.max_seconds > 0 else None
         with self.log_path.open("a") as log:
             for batch in loader:
                 loss, ar, denoise, ctc = self.train_step(batch)
@@ -390,16 +391,11 @@ class Trainer:
                     postfix["ar_shuffled"] = f"{shuffled:.3f}"
                 bar.set_postfix(postfix)
                 bar.update(1)
-                if self.config.max_seconds > 0:
-                    if self.step - first_step == TIME_BUDGET_WINDOW[0]:
-                        window_started = elapsed
-                    elif self.step - first_step == TIME_BUDGET_WINDOW[1]:
-                        per_step = (elapsed - window_started) / (TIME_BUDGET_WINDOW[1] - TIME_BUDGET_WINDOW[0])
-                        self._plan_steps_within_budget(elapsed, per_step)
-                        bar.total = self.config.steps
-                    if elapsed >= self.config.max_seconds and self.step < self.config.steps:
-                        self.config.steps = self.step  # slower than planned: stop on time regardless
-                        self._write_config()
+                if budget is not None:
+                    end_step = budget.planned_end(self.step, elapsed, self.config.steps)
+                    if end_step != self.config.steps:
+                        self.replan(end_step)
+                        bar.total = end_step
                 if self.step % self.config.checkpoint_every == 0 or self.step >= self.config.steps:
                     self.save_checkpoint()
                 if self.step >= self.config.steps:

@@ -9,7 +9,8 @@ import torch
 from safetensors.torch import load_file
 
 from gravityocr.cli import main
-from gravityocr.model.training import TIME_BUDGET_WINDOW, CurriculumPhase, TrainConfig, Trainer
+from gravityocr.model.schedule import TIME_BUDGET_WINDOW, LearningRateSchedule, TimeBudget
+from gravityocr.model.training import CurriculumPhase, TrainConfig, Trainer
 
 CONFIG_YAML = """
 size: tiny
@@ -114,6 +115,7 @@ def test_column_ctc_trains_the_vision_tower_and_is_not_exported(tmp_path):
     assert resumed.step == 2 and resumed.column_ctc is not None
     assert torch.equal(resumed.column_ctc.classifier.weight, state["column_ctc"]["classifier.weight"])
     assert resumed.run(progress_bar=False)[-1].ctc_loss > 0
+    assert not resumed.model.model.visual.post_layernorm._forward_hooks  # the head hooks only its own steps
 
 
 def test_many_loader_workers_deliver_the_single_worker_batches_in_step_order(tmp_path):
@@ -148,6 +150,50 @@ def test_a_time_budget_ends_the_run_early_with_a_checkpoint_of_its_last_step(tmp
     assert json.loads((tmp_path / "train_config.json").read_text())["steps"] == last
     with pytest.raises(ValueError, match="data_workers"):
         TrainConfig(data_workers=0).validate()
+
+
+def test_a_moved_end_continues_the_learning_rate_from_where_it_was():
+    schedule = LearningRateSchedule(peak=1e-3, floor=1e-5, warmup_steps=10, end_step=1000)
+    assert schedule.rate(0) == pytest.approx(1e-4) and schedule.rate(9) == pytest.approx(1e-3)
+    assert schedule.rate(505) == pytest.approx((1e-3 + 1e-5) / 2)  # the cosine's midpoint
+    before = schedule.rate(300)
+    schedule.retarget(300, 400)  # a budget shortens the run
+    assert schedule.rate(300) == pytest.approx(before)
+    rates = [schedule.rate(step) for step in range(300, 401)]
+    assert all(a > b for a, b in zip(rates, rates[1:]))
+    assert rates[-1] == pytest.approx(1e-5)
+    early = LearningRateSchedule(peak=1e-3, floor=1e-5, warmup_steps=10, end_step=1000)
+    early.retarget(3, 110)  # re-planned during the warm-up: the cosine starts at the warm-up's end
+    assert early.rate(3) == pytest.approx(4e-4) and early.rate(10) == pytest.approx(1e-3)
+    assert early.rate(110) == pytest.approx(1e-5)
+
+
+def test_a_time_budget_plans_from_the_timed_window_and_stops_on_time():
+    budget = TimeBudget(seconds=100, first_step=40)
+    start, end = (40 + step for step in TIME_BUDGET_WINDOW)
+    assert budget.planned_end(start, 10.0, 10_000) == 10_000
+    # 30 steps in 30 s: 1 s a step, 60 s left at step `end`
+    assert budget.planned_end(end, 40.0, 10_000) == end + 60
+    assert budget.planned_end(end, 40.0, end + 20) == end + 20  # never lengthens the run
+    assert budget.planned_end(end + 30, 100.5, end + 60) == end + 30  # slower than planned: stop now
+
+
+def test_a_resumed_budgeted_run_keeps_its_plan_unless_asked_for_another(tmp_path):
+    def config(steps):
+        return TrainConfig(output_dir=str(tmp_path), size="tiny", steps=steps, batch_size=2, warmup_steps=1,
+                           checkpoint_every=1000, shuffled_loss_every=1000, threads=1,
+                           curriculum=[CurriculumPhase("mono-2-5", 10_000)])
+
+    first = Trainer(config(100))
+    first.replan(3)  # what a time budget does
+    first.run(progress_bar=False)
+    resumed = Trainer(config(100))
+    assert resumed.step == 3 and resumed.config.steps == 3
+    assert resumed.schedule == first.schedule  # no jump back to a 100-step cosine
+    extended = Trainer(config(50))
+    assert extended.config.steps == 50 and extended.schedule.end_step == 50
+    fresh = LearningRateSchedule(extended.config.learning_rate, extended.config.min_learning_rate, 1, 50)
+    assert extended.schedule.rate(3) == pytest.approx(fresh.rate(3))
 
 
 def test_a_phase_can_restrict_its_stage_to_one_content_type(tmp_path):
