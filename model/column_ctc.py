@@ -10,6 +10,9 @@ the engine runs — and the GLM-OCR code path — is unchanged.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Iterator
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -25,8 +28,16 @@ class ColumnCtcHead(nn.Module):
         self.blank = model.config.text_config.vocab_size
         self.classifier = nn.Linear(vision.config.hidden_size, self.blank + 1)
         self._captured: torch.Tensor | None = None
-        # The tower's patch features just before the merge; captured on every forward.
-        vision.post_layernorm.register_forward_hook(self._capture)
+
+    @contextmanager
+    def capturing(self, model: GravityOcrForConditionalGeneration) -> Iterator[None]:
+        """Keep the patch features (just before the merge) of `model`'s forward passes run
+        inside; the model is left without a hook afterwards (evaluation never sees the head)."""
+        handle = model.model.visual.post_layernorm.register_forward_hook(self._capture)
+        try:
+            yield
+        finally:
+            handle.remove()
 
     def _capture(self, module, inputs, output) -> None:
         self._captured = output
