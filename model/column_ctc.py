@@ -42,9 +42,20 @@ class ColumnCtcHead(nn.Module):
     def _capture(self, module, inputs, output) -> None:
         self._captured = output
 
-    def loss(self, image_grid_thw: torch.Tensor, labels: list[list[int] | None]) -> torch.Tensor:
-        """CTC over the patch columns of the images that have labels (single text lines);
-        the row mean of a column is its feature. Zero when no image in the batch has labels."""
+    @staticmethod
+    def _readable(width: int, label: list[int] | None) -> bool:
+        return bool(label) and width >= 2 * len(label)  # CTC needs room for blanks between repeats
+
+    def count_readable(self, image_grid_thw: torch.Tensor, labels: list[list[int] | None]) -> int:
+        """How many images the loss reads: single text lines wide enough for their labels."""
+        return sum(self._readable(w, label) for (_, _, w), label in zip(image_grid_thw.tolist(), labels))
+
+    def loss(self, image_grid_thw: torch.Tensor, labels: list[list[int] | None],
+             normalizer: int | None = None) -> torch.Tensor:
+        """CTC over the patch columns of the readable images (see count_readable); the row
+        mean of a column is its feature. Each image's loss is divided by its label length,
+        the sum by `normalizer` (a whole step's readable count, for one of its micro-batches;
+        by default this batch's). Zero when no image in the batch is readable."""
         features = self._captured
         if features is None:
             raise RuntimeError("no vision forward pass captured yet")
@@ -52,14 +63,13 @@ class ColumnCtcHead(nn.Module):
         start = 0
         for (t, h, w), label in zip(image_grid_thw.tolist(), labels):
             count = t * h * w
-            if label:
+            if self._readable(w, label):
                 patches = features[start:start + count]
                 # Patches arrive in merge-window order (t, h/m, w/m, m, m): back to a (h, w) grid.
                 grid = patches.view(t, h // self.merge, w // self.merge, self.merge, self.merge, -1)
                 grid = grid.permute(0, 1, 3, 2, 4, 5).reshape(t, h, w, -1)
-                if w >= 2 * len(label):  # CTC needs room for blanks between repeats
-                    columns.append(grid.mean(dim=(0, 1)))
-                    targets.append(torch.tensor(label, dtype=torch.long))
+                columns.append(grid.mean(dim=(0, 1)))
+                targets.append(torch.tensor(label, dtype=torch.long))
             start += count
         self._captured = None
         if not columns:
@@ -68,5 +78,6 @@ class ColumnCtcHead(nn.Module):
         padded = nn.utils.rnn.pad_sequence(columns)  # (T, N, C)
         log_probs = self.classifier(padded).float().log_softmax(-1)
         target_lengths = torch.tensor([t.numel() for t in targets])
-        return F.ctc_loss(log_probs, torch.cat(targets), lengths, target_lengths, blank=self.blank,
-                          reduction="mean", zero_infinity=True)
+        per_image = F.ctc_loss(log_probs, torch.cat(targets), lengths, target_lengths, blank=self.blank,
+                               reduction="none", zero_infinity=True)
+        return (per_image / target_lengths.to(per_image.device)).sum() / (normalizer or len(columns))

@@ -31,7 +31,8 @@ from tqdm import tqdm
 from . import synthetic
 from .column_ctc import ColumnCtcHead
 from .configs import SMALL, TINY, build_config
-from .joint_loss import JointBatch, Objective, TrainingSample, build_joint_batch, joint_loss
+from .joint_loss import (JointBatch, Objective, TargetCounts, TrainingSample, build_joint_batch, joint_loss,
+                         split_by_length)
 from .loading import Recognizer, load_recognizer, save_recognizer
 from .modeling import GravityOcrForConditionalGeneration
 from .processor import OcrProcessor, make_image_processor
@@ -75,6 +76,9 @@ class TrainConfig:
     init_from: str | None = None  # start from these weights (a fresh optimiser)
     ctc_weight: float = 0.0  # auxiliary CTC loss on the vision tower's columns (single text lines)
     max_pixels: int = 28 * 28 * 1024
+    # >0: a step runs as length-sorted micro-batches of at most this many padded tokens (same
+    # gradient, far less padding when text lines and tables share a batch); 0: one pass
+    micro_batch_tokens: int = 0
     curriculum: list[CurriculumPhase] = field(default_factory=lambda: [
         CurriculumPhase(stage.name, 600) for stage in synthetic.CURRICULUM
     ])
@@ -303,20 +307,28 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr * group["lr_scale"]
         objective = self.config.objective_at(self.step)
-        if self.column_ctc is None:
-            parts = joint_loss(self.model, batch.joint, objective)
-            total, ctc = parts.total, parts.total.new_zeros(())
-        else:
-            with self.column_ctc.capturing(self.model):
-                parts = joint_loss(self.model, batch.joint, objective)
-            ctc = self.column_ctc.loss(batch.joint.image_grid_thw, batch.column_labels)
-            total = parts.total + self.config.ctc_weight * ctc
+        counts = TargetCounts.of(batch.joint)
+        readable = 0 if self.column_ctc is None else \
+            self.column_ctc.count_readable(batch.joint.image_grid_thw, batch.column_labels)
         self.optimizer.zero_grad(set_to_none=True)
-        total.backward()
+        sums = []  # total, AR, denoising, CTC of each micro-batch: they add up to the step's
+        for micro in split_by_length(batch.joint, self.config.micro_batch_tokens):
+            if self.column_ctc is None:
+                parts = joint_loss(self.model, micro.batch, objective, counts)
+                total, ctc = parts.total, parts.total.new_zeros(())
+            else:
+                with self.column_ctc.capturing(self.model):
+                    parts = joint_loss(self.model, micro.batch, objective, counts)
+                labels = [batch.column_labels[i] for i in micro.indices]
+                ctc = self.column_ctc.loss(micro.batch.image_grid_thw, labels, readable)
+                total = parts.total + self.config.ctc_weight * ctc
+            total.backward()
+            sums.append(torch.stack([total, parts.ar, parts.denoise, ctc]).detach())
         torch.nn.utils.clip_grad_norm_([p for group in self.optimizer.param_groups for p in group["params"]],
                                        self.config.clip_norm)
         self.optimizer.step()
-        return total.item(), parts.ar.item(), parts.denoise.item(), ctc.item()
+        total, ar, denoise, ctc = torch.stack(sums).sum(dim=0).tolist()
+        return total, ar, denoise, ctc
 
     @torch.no_grad()
     def shuffled_image_loss(self, shuffled: JointBatch) -> float:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gravityocr.model.configs import TINY, build_config
-from gravityocr.model.joint_loss import Objective, build_joint_batch, joint_loss
+from gravityocr.model.joint_loss import Objective, TargetCounts, build_joint_batch, joint_loss, split_by_length
 from gravityocr.model.modeling import GravityOcrForConditionalGeneration
 
 
@@ -68,3 +68,35 @@ def test_ar_loss_is_the_plain_causal_loss(tokenizer, overfit_samples):
         reference = model(input_ids=ids, pixel_values=prompt.pixel_values, image_grid_thw=prompt.image_grid_thw,
                           mm_token_type_ids=(ids == model.config.image_token_id).int(), labels=labels).loss
     assert ours.item() == pytest.approx(reference.item(), rel=1e-4)
+
+
+@pytest.mark.parametrize("objective", list(Objective))
+def test_length_sorted_micro_batches_give_the_whole_batchs_loss_and_gradient(tokenizer, overfit_samples, objective):
+    model = _fresh_model(tokenizer).double()
+    samples = overfit_samples + overfit_samples[:2]  # five samples of three lengths
+    batch = build_joint_batch(model, samples, objective, block_size=8, generator=torch.Generator().manual_seed(1))
+    batch.pixel_values = batch.pixel_values.double()
+    lengths = [layout.total_len for layout in batch.layouts]
+
+    def gradient_and_losses(max_tokens):
+        model.zero_grad(set_to_none=True)
+        counts, losses = TargetCounts.of(batch), torch.zeros(3, dtype=torch.float64)
+        micro_batches = split_by_length(batch, max_tokens)
+        for micro in micro_batches:
+            parts = joint_loss(model, micro.batch, objective, counts)
+            parts.total.backward()
+            losses += torch.stack([parts.total, parts.ar, parts.denoise]).detach()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, losses, micro_batches
+
+    whole, whole_losses, one = gradient_and_losses(0)
+    split, split_losses, many = gradient_and_losses(2 * max(lengths) - 1)
+    assert len(one) == 1 and len(many) >= 3
+    assert sorted(i for micro in many for i in micro.indices) == list(range(len(samples)))
+    for micro in many:  # each trimmed to its longest sample, with that sample's own patches
+        assert micro.batch.input_ids.shape[1] == max(lengths[i] for i in micro.indices)
+        assert micro.batch.pixel_values.shape[0] == int(micro.batch.image_grid_thw.prod(dim=1).sum())
+    # the loss itself is taken in float32 (joint_loss), hence the float32 tolerances
+    assert torch.allclose(split_losses, whole_losses, rtol=1e-6, atol=0)
+    assert whole.keys() == split.keys()
+    for name in whole:
+        assert torch.allclose(split[name], whole[name], rtol=1e-5, atol=1e-8), name

@@ -118,6 +118,30 @@ def test_column_ctc_trains_the_vision_tower_and_is_not_exported(tmp_path):
     assert not resumed.model.model.visual.post_layernorm._forward_hooks  # the head hooks only its own steps
 
 
+def test_micro_batched_steps_train_like_whole_steps(tmp_path):
+    """A step run as length-sorted micro-batches (CTC included) updates the weights as one pass does."""
+    def trained(name, micro_batch_tokens):
+        config = TrainConfig(output_dir=str(tmp_path / name), size="tiny", steps=2, batch_size=6, warmup_steps=1,
+                             vision_frozen_steps=0, vision_lr_scale=1.0, ctc_weight=0.5, checkpoint_every=2,
+                             shuffled_loss_every=1000, threads=1, micro_batch_tokens=micro_batch_tokens,
+                             replay_fraction=0.5,
+                             curriculum=[CurriculumPhase("mono-3-11", 1), CurriculumPhase("tables-formulas-intro", 1)])
+        trainer = Trainer(config)
+        trainer.model.double()
+        trainer.column_ctc.double()
+        history = trainer.run(progress_bar=False)
+        return history, {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+
+    whole_history, whole = trained("whole", 0)
+    split_history, split = trained("split", 300)
+    for a, b in zip(whole_history, split_history):
+        assert (b.loss, b.ar_loss, b.denoise_loss, b.ctc_loss) == pytest.approx((a.loss, a.ar_loss, a.denoise_loss,
+                                                                                 a.ctc_loss), rel=1e-6)
+    assert any(record.ctc_loss > 0 for record in whole_history)
+    for name in whole:
+        assert torch.allclose(split[name], whole[name], rtol=1e-7, atol=1e-10), name
+
+
 def test_many_loader_workers_deliver_the_single_worker_batches_in_step_order(tmp_path):
     from gravityocr.model.training import CropBatches, build_fresh_recognizer
 
