@@ -26,6 +26,7 @@ BENCHMARKS = {
     "pages": ("gravityocr.bench.pages", "seconds per page and page score: ours (AR, spec) and peers"),
     "batch": ("gravityocr.bench.batch", "batch job pages/s for 1 and 2 engine actors, AR vs spec, peak memory"),
     "serve": ("gravityocr.bench.serve", "HTTP latency p50/p99 and requests/s by concurrency, AR vs spec"),
+    "train-step": ("gravityocr.bench.train_step", "seconds per training step: one padded pass vs micro-batches"),
 }
 
 
