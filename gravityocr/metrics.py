@@ -41,6 +41,8 @@ EXPORT_PREFIX = "ray_"  # added by Ray's exporter
 # Label values used across the project (free strings, listed so dashboards and callers agree).
 STATUS_OK = "ok"
 STATUS_ERROR = "error"
+WORKLOAD_BATCH = "batch"  # the batch job (nightly corpus runs)
+WORKLOAD_ONLINE = "online"  # the Serve HTTP API
 
 
 @dataclass(frozen=True)
@@ -75,17 +77,21 @@ PAGE_ERRORS = MetricSpec(
     "Pages that failed, by reason (e.g. read, render, layout, decode, write, timeout).", ("reason",))
 COMMITTED_TOKENS = MetricSpec(
     PREFIX + "committed_tokens", "counter",
-    "Tokens committed by the recogniser, by content type (text, table, formula, ...).", ("content_type",))
+    "Tokens committed by the recogniser, by content type (text, table, formula, ...) and workload (batch, online).",
+    ("content_type", "workload"))
 FORWARD_PASSES = MetricSpec(
     PREFIX + "forward_passes", "counter",
-    "Recogniser forward passes (prefill, draft and verify all count), by content type.", ("content_type",))
+    "Recogniser forward passes (prefill, draft and verify all count), by content type and workload.",
+    ("content_type", "workload"))
 TOKENS_PER_FORWARD = MetricSpec(
     PREFIX + "tokens_per_forward", "histogram",
-    "Tokens per forward pass (TPF) of each decoded region, by content type.", ("content_type",),
+    "Tokens per forward pass (TPF) of each decoded region, by content type and workload.",
+    ("content_type", "workload"),
     _TPF_BOUNDARIES)
 ACCEPTED_DRAFTS = MetricSpec(
     PREFIX + "accepted_drafts_per_round", "histogram",
-    "Draft tokens accepted in each self-speculative round, by content type.", ("content_type",),
+    "Draft tokens accepted in each self-speculative round, by content type and workload.",
+    ("content_type", "workload"),
     _ACCEPTED_BOUNDARIES)
 ENGINE_BATCH_SIZE = MetricSpec(
     PREFIX + "engine_batch_size", "gauge",
@@ -229,16 +235,18 @@ def wait_for_export() -> None:
     time.sleep(interval_s + 1.0)
 
 
-def record_decode(content_type: str, committed_tokens: int, forward_passes: int,
+def record_decode(workload: str, content_type: str, committed_tokens: int, forward_passes: int,
                   accepted_per_round: Iterable[int] = ()) -> None:
-    """One region decoded: its token and pass counts (TPF = tokens / passes) and the number
-    of drafts accepted in each of its self-speculative rounds (empty for AR decoding).
-    Takes the fields of the engine's per-request stats as they are."""
-    _inc(COMMITTED_TOKENS, committed_tokens, content_type=content_type)
-    _inc(FORWARD_PASSES, forward_passes, content_type=content_type)
+    """One region decoded by a workload (WORKLOAD_BATCH or WORKLOAD_ONLINE): its token and
+    pass counts (TPF = tokens / passes) and the number of drafts accepted in each of its
+    self-speculative rounds (empty for AR decoding). Takes the fields of the engine's
+    per-request stats as they are."""
+    tags = {"content_type": content_type, "workload": workload}
+    _inc(COMMITTED_TOKENS, committed_tokens, **tags)
+    _inc(FORWARD_PASSES, forward_passes, **tags)
     if forward_passes > 0:
-        _observe(TOKENS_PER_FORWARD, [committed_tokens / forward_passes], content_type=content_type)
-    _observe(ACCEPTED_DRAFTS, [float(a) for a in accepted_per_round], content_type=content_type)
+        _observe(TOKENS_PER_FORWARD, [committed_tokens / forward_passes], **tags)
+    _observe(ACCEPTED_DRAFTS, [float(a) for a in accepted_per_round], **tags)
 
 
 def set_engine_batch_size(n: int) -> None:

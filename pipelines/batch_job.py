@@ -169,7 +169,6 @@ class PageReader:
             record["node_id"] = self.node_id
             if r["error_reason"] is None:
                 result = next(results)
-                _record_page_metrics(result)
                 stats = [region.stats for region in result.regions if region.stats]
                 record.update(markdown=page_markdown(result), regions_json=json.dumps(result.to_dict()),
                               committed_tokens=sum(s["committed_tokens"] for s in stats),
@@ -182,27 +181,31 @@ class PageReader:
         return pa.Table.from_pylist(out, schema=PAGE_SCHEMA)
 
 
-def _record_page_metrics(result) -> None:
-    # Pages are counted by the driver (_finish_document): an engine actor is killed when the
-    # job ends, losing counts recorded since Ray's last metrics push.
-    for region in result.regions:
-        if region.stats:
-            metrics.record_decode(region.task or region.type, region.stats["committed_tokens"],
-                                  region.stats["forward_passes"], region.stats["accepted_per_round"])
-
-
 # --- stage 3: write pages (CPU tasks) -----------------------------------------------------
 
 def write_pages(batch: pa.Table, destination: StorageLocation) -> pa.Table:
     """Each page row to its own Parquet file (atomic, deterministic name); passes on the
-    row without the regions for the driver's bookkeeping."""
+    row for the driver's bookkeeping with only the decode statistics of its regions."""
     for index in range(batch.num_rows):
         row = batch.slice(index, 1)
         buffer = io.BytesIO()
         pq.write_table(row, buffer)
         write_atomic(destination, page_key(row["document_id"][0].as_py(), row["page_number"][0].as_py()),
                      buffer.getvalue())
-    return batch.drop_columns(["regions_json"])
+    decode_stats = pa.array([json.dumps(region_decode_stats(regions)) for regions in batch["regions_json"].to_pylist()],
+                            pa.string())
+    return batch.drop_columns(["regions_json"]).append_column("decode_stats_json", decode_stats)
+
+
+def region_decode_stats(regions_json: str | None) -> list[dict]:
+    """Content type, token and pass counts and accepted drafts per round of each region a
+    page's JSON says was decoded. The driver records them: an engine actor is killed when
+    the job ends (or the pool shrinks), losing what it recorded since Ray's last metrics push."""
+    page = json.loads(regions_json) if regions_json else None
+    return [{"content_type": region["task"] or region["type"], "committed_tokens": region["stats"]["committed_tokens"],
+             "forward_passes": region["stats"]["forward_passes"],
+             "accepted_per_round": region["stats"]["accepted_per_round"]}
+            for region in (page or {}).get("regions", []) if region.get("stats")]
 
 
 # --- the driver --------------------------------------------------------------------------
@@ -314,6 +317,8 @@ def _finish_document(destination: StorageLocation, document_id: str, pages: list
     for page in pages:
         summary.committed_tokens += page["committed_tokens"] or 0
         summary.forward_passes += page["forward_passes"] or 0
+        for region in json.loads(page["decode_stats_json"]):
+            metrics.record_decode(metrics.WORKLOAD_BATCH, **region)
         if page["error_reason"]:
             summary.errors.append({"document_id": document_id, "page_number": page["page_number"],
                                    "reason": page["error_reason"], "message": page["error_message"]})

@@ -62,8 +62,8 @@ def _record_engine_step(stats, finished) -> None:
     metrics.set_engine_batch_size(stats.batch_size)
     metrics.set_queue_depth(stats.waiting)
     for result in finished:
-        metrics.record_decode(result.task, result.stats.committed_tokens, result.stats.forward_passes,
-                              result.stats.accepted_per_round)
+        metrics.record_decode(metrics.WORKLOAD_ONLINE, result.task, result.stats.committed_tokens,
+                              result.stats.forward_passes, result.stats.accepted_per_round)
 
 
 async def _read_body(request: Request, limit: int) -> bytes:

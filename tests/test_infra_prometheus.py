@@ -122,11 +122,20 @@ def _answered(result: list[dict], positive: bool) -> bool:
     return bool(values) and all(math.isfinite(v) and (v > 0 or not positive) for v in values)
 
 
+def _s3(settings: dict):
+    return boto3.client("s3", endpoint_url=settings["AWS_ENDPOINT_URL"], region_name=settings["AWS_DEFAULT_REGION"],
+                        aws_access_key_id=settings["AWS_ACCESS_KEY_ID"],
+                        aws_secret_access_key=settings["AWS_SECRET_ACCESS_KEY"])
+
+
+def _job_summary(settings: dict) -> dict:
+    body = _s3(settings).get_object(Bucket="gravityocr-output", Key="nightly/_summary.json")["Body"].read()
+    return json.loads(body)
+
+
 def _upload_documents(settings: dict) -> int:
     """The bundled samples, COPIES times, into the input bucket; the number of pages."""
-    s3 = boto3.client("s3", endpoint_url=settings["AWS_ENDPOINT_URL"], region_name=settings["AWS_DEFAULT_REGION"],
-                      aws_access_key_id=settings["AWS_ACCESS_KEY_ID"],
-                      aws_secret_access_key=settings["AWS_SECRET_ACCESS_KEY"])
+    s3 = _s3(settings)
     pages = 0
     for copy in range(COPIES):
         for path in sorted(SAMPLES.iterdir()):
@@ -225,11 +234,13 @@ def test_prometheus_answers_the_panels_for_a_real_batch_job_and_serve_requests(l
         queries = _panel_queries("gravityocr-throughput.json")
         assert {"Pages/s", "Tokens/s", "TPF", "TPF by content type"} <= {t for t, _ in queries}
         wanted = [(t, e) for t, e in queries if t in ("Pages/s", "Tokens/s", "TPF", "TPF by content type")]
+        wanted += [(t, e) for t, e in queries if t == "Tokens/s by workload"]
         wanted += [(t, e) for t, e in _panel_queries("gravityocr-latency-errors.json") if t == "Request latency"]
         wanted += [(t, e) for t, e in _panel_queries("gravityocr-autoscaling.json")
                    if t in ("Engine actors alive", "Engine queue depth")]
         answers: dict[str, list[dict]] = {}  # the first answer with data, by panel and query
-        counted_pages = 0.0
+        counted_pages = batch_tokens = 0.0
+        job_tokens = None  # from the job's summary, once it has ended
         deadline = time.monotonic() + 360
         while time.monotonic() < deadline:
             time.sleep(5)
@@ -241,9 +252,13 @@ def test_prometheus_answers_the_panels_for_a_real_batch_job_and_serve_requests(l
                     answers[(title, expr)] = result
             total = _query(prometheus, "sum(ray_gravityocr_pages_total)")
             counted_pages = float(total[0]["value"][1]) if total else 0.0
+            tokens = _query(prometheus, 'sum(ray_gravityocr_committed_tokens_total{workload="batch"})')
+            batch_tokens = float(tokens[0]["value"][1]) if tokens else 0.0
             if batch.poll() is not None:
                 assert batch.returncode == 0, f"the batch job failed:\n{(logs / 'batch.log').read_text()[-3000:]}"
-                if len(answers) == len(wanted) and counted_pages >= pages_expected and len(statuses) >= 3:
+                job_tokens = job_tokens or _job_summary(settings)["committed_tokens"]
+                if (len(answers) == len(wanted) and counted_pages >= pages_expected and batch_tokens >= job_tokens
+                        and len(statuses) >= 3):
                     break
         missing = sorted({title for title, expr in wanted if (title, expr) not in answers})
         assert not missing, f"panels with no data: {missing}"
@@ -259,6 +274,9 @@ def test_prometheus_answers_the_panels_for_a_real_batch_job_and_serve_requests(l
     assert batch.returncode == 0, batch_log[-3000:]
     assert f"pages: {pages_expected} (0 with errors)" in batch_log, batch_log[-3000:]
     assert counted_pages == pages_expected, (counted_pages, pages_expected)  # every page counted exactly once
+    # every token the job committed counted once, the online API's apart (the driver records
+    # them: an engine actor killed at the job's end would lose its last seconds)
+    assert job_tokens and batch_tokens == job_tokens, (batch_tokens, job_tokens)
     assert len(statuses) >= 3 and set(statuses) == {200}, statuses
 
     tpf = {r["metric"]["content_type"]: float(r["value"][1])
@@ -270,3 +288,5 @@ def test_prometheus_answers_the_panels_for_a_real_batch_job_and_serve_requests(l
     assert float(pages_per_second["value"][1]) >= 0
     latency = next(result for (title, _), result in answers.items() if title == "Request latency")
     assert {r["metric"]["endpoint"] for r in latency} == {"/v1/ocr"}, latency
+    by_workload = next(result for (title, _), result in answers.items() if title == "Tokens/s by workload")
+    assert {r["metric"]["workload"] for r in by_workload} <= {"batch", "online"}, by_workload

@@ -46,7 +46,7 @@ def test_every_call_is_a_no_op_without_ray():
     code = textwrap.dedent("""
         import sys
         from gravityocr import metrics as m
-        m.record_document(); m.record_page(error_reason="render"); m.record_decode("text", 30, 4, [12, 14])
+        m.record_document(); m.record_page(error_reason="render"); m.record_decode(m.WORKLOAD_BATCH, "text", 30, 4, [12, 14])
         m.set_engine_batch_size(3); m.set_queue_depth(2); m.engine_actor_started("cpu"); m.engine_actor_stopped()
         m.observe_request_latency("/v1/ocr", 200, 0.3)
         assert "ray" not in sys.modules, "recording without Ray imported ray"
@@ -70,7 +70,7 @@ EXPORT_SCRIPT = textwrap.dedent("""
         def step(self):
             m.set_engine_batch_size(8)
             m.set_queue_depth(3)
-            m.record_decode("table", 270, 20, [25, 24, 26, 0, 31])
+            m.record_decode(m.WORKLOAD_ONLINE, "table", 270, 20, [25, 24, 26, 0, 31])
             return True
 
     @ray.remote(num_cpus=0)

@@ -195,6 +195,11 @@ def throughput() -> Dashboard:
         .with_panel(timeseries(
             "Accepted drafts per round, median", "Median drafts accepted per round, from the histogram.", "short",
             query(quantile(0.5, ACCEPTED, "content_type"), "{{content_type}} p50")))
+        .with_panel(timeseries("Tokens/s by workload", "Tokens committed per second: batch job vs online API.",
+                               "short", query(rate_sum(TOKENS, "workload"), "{{workload}}")))
+        .with_panel(timeseries(
+            "TPF by workload", "Tokens per forward pass of the batch job and of the online API.", "short",
+            query(f"{rate_sum(TOKENS, 'workload')} / {rate_sum(PASSES, 'workload')}", "{{workload}}")))
     )
 
 
