@@ -109,6 +109,8 @@ class TrainConfig:
             raise ValueError("curriculum must have at least one phase")
         if self.data_workers < 1:
             raise ValueError(f"data_workers must be at least 1, got {self.data_workers}")
+        if self.micro_batch_tokens < 0:
+            raise ValueError(f"micro_batch_tokens must be 0 (one pass) or positive, got {self.micro_batch_tokens}")
 
     def phase_at(self, step: int) -> int:
         start = 0

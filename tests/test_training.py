@@ -174,6 +174,8 @@ def test_a_time_budget_ends_the_run_early_with_a_checkpoint_of_its_last_step(tmp
     assert json.loads((tmp_path / "train_config.json").read_text())["steps"] == last
     with pytest.raises(ValueError, match="data_workers"):
         TrainConfig(data_workers=0).validate()
+    with pytest.raises(ValueError, match="micro_batch_tokens"):
+        TrainConfig(micro_batch_tokens=-1).validate()
 
 
 def test_a_moved_end_continues_the_learning_rate_from_where_it_was():
