@@ -41,6 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budgets", default="0,1000,2000,4000",
                         help="micro_batch_tokens settings, comma-separated (0: one padded pass)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", help="torch device (default: the recipe's)")
     parser.add_argument("--json", action="store_true", help="also print the results as one JSON object")
 
 
@@ -52,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     budgets = [int(b) for b in args.budgets.split(",")]
     config = TrainConfig.from_file(args.config)
     recognizer = load_recognizer(args.model, dtype=torch.float32)
-    model = recognizer.model.train()
+    device = torch.device(args.device or config.device)
+    model = recognizer.model.to(device).train()
     loader = CropBatches(config, recognizer.processor, model, args.first_step)
     steps = range(args.first_step, args.first_step + args.steps)
     batches = [(loader.batch_for_step(step).joint, config.objective_at(step)) for step in steps]
@@ -67,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
             for (batch, objective), expected in zip(batches, reference):
                 started = time.perf_counter()
                 grads, count = gradient(model, batch, objective, budget)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
                 seconds[budget].append(time.perf_counter() - started)
                 groups.setdefault(budget, []).append(count)
                 scale = max(g.abs().max().item() for g in expected)
@@ -75,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"train step: {args.config}, model {args.model}, steps {steps.start}-{steps.stop - 1} "
           f"(batch {config.batch_size}, padded/real tokens {statistics.fmean(padding):.2f}), "
-          f"{args.rounds} rounds, {args.threads} threads")
+          f"{args.rounds} rounds, {device}" + (f", {args.threads} threads" if device.type == "cpu" else ""))
     print(f"{'tokens':>7} {'micro':>6} {'s/step':>7} {'speed-up':>9} {'max grad diff':>14}")
     whole = statistics.median(seconds[budgets[0]])
     rows = []
