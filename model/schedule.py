@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 
 TIME_BUDGET_WINDOW = (5, 35)  # steps of an invocation timed to plan its budget (after start-up costs)
+REPLAN_EVERY = 50  # steps between later re-plans of a budget
 
 
 @dataclass
@@ -56,8 +57,9 @@ class LearningRateSchedule:
 @dataclass
 class TimeBudget:
     """One invocation's time budget (a leased GPU, a nightly slot): steps 5-35 of the
-    invocation are timed, then the run is shortened to what fits, so the schedule anneals
-    fully inside the budget; a run slower than planned still stops on time."""
+    invocation are timed, then the run is shortened to what fits, and again every
+    REPLAN_EVERY steps from the speed since the timing began (a machine that slows down
+    still anneals inside the budget); a run slower than planned still stops on time."""
 
     seconds: float
     first_step: int  # the step this invocation started from (a resumed run starts late)
@@ -68,8 +70,9 @@ class TimeBudget:
         done = step - self.first_step
         if done == TIME_BUDGET_WINDOW[0]:
             self.window_started = elapsed
-        elif done == TIME_BUDGET_WINDOW[1] and self.window_started is not None:
-            per_step = (elapsed - self.window_started) / (TIME_BUDGET_WINDOW[1] - TIME_BUDGET_WINDOW[0])
+        elif (done >= TIME_BUDGET_WINDOW[1] and (done - TIME_BUDGET_WINDOW[1]) % REPLAN_EVERY == 0
+              and self.window_started is not None):
+            per_step = (elapsed - self.window_started) / (done - TIME_BUDGET_WINDOW[0])
             end_step = min(end_step, step + int((self.seconds - elapsed) / per_step))
         if elapsed >= self.seconds:
             end_step = min(end_step, step)

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from gravityocr.cli import main
-from gravityocr.model.schedule import TIME_BUDGET_WINDOW, LearningRateSchedule, TimeBudget
+from gravityocr.model.schedule import REPLAN_EVERY, TIME_BUDGET_WINDOW, LearningRateSchedule, TimeBudget
 from gravityocr.model.training import CurriculumPhase, TrainConfig, Trainer
 
 CONFIG_YAML = """
@@ -201,7 +201,12 @@ def test_a_time_budget_plans_from_the_timed_window_and_stops_on_time():
     # 30 steps in 30 s: 1 s a step, 60 s left at step `end`
     assert budget.planned_end(end, 40.0, 10_000) == end + 60
     assert budget.planned_end(end, 40.0, end + 20) == end + 20  # never lengthens the run
-    assert budget.planned_end(end + 30, 100.5, end + 60) == end + 30  # slower than planned: stop now
+    assert budget.planned_end(end + 10, 50.0, end + 60) == end + 60  # between re-plans: the plan stands
+    # REPLAN_EVERY steps on, the machine has slowed down: 80 steps in 85 s since the window
+    # opened, 1.0625 s a step with 5 s left: 4 more steps, not the 10 planned
+    later = end + REPLAN_EVERY
+    assert budget.planned_end(later, 95.0, end + 60) == later + 4
+    assert budget.planned_end(later + 2, 100.5, later + 4) == later + 2  # past the budget: stop now
 
 
 def test_a_resumed_budgeted_run_keeps_its_plan_unless_asked_for_another(tmp_path):
