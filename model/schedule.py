@@ -14,9 +14,9 @@ REPLAN_EVERY = 50  # steps between later re-plans of a budget
 class LearningRateSchedule:
     """Linear warm-up to `peak`, then a cosine down to `floor` at `end_step`.
 
-    When the end moves (a time budget re-plans the run; a resumed run is asked for another
-    step count) the cosine goes on from the progress it had reached, over the steps left, so
-    the rate never jumps."""
+    When a time budget moves the end, the cosine goes on from the progress it had reached,
+    over the steps left, so the rate never jumps. (A resumed run asked for another step count
+    starts a schedule of that length: the Trainer decides.)"""
 
     peak: float
     floor: float
