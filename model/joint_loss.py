@@ -8,6 +8,7 @@ the plain causal model (the baseline), without corrupted streams at all.
 from __future__ import annotations
 
 import enum
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -138,10 +139,7 @@ def split_by_length(batch: JointBatch, max_tokens: int) -> list[MicroBatch]:
         if groups[-1] and (len(groups[-1]) + 1) * lengths[index] > max_tokens:
             groups.append([])
         groups[-1].append(index)
-    patch_counts = batch.image_grid_thw.prod(dim=1).tolist()
-    patch_starts = [0]
-    for count in patch_counts:
-        patch_starts.append(patch_starts[-1] + count)
+    patch_starts = list(itertools.accumulate(batch.image_grid_thw.prod(dim=1).tolist(), initial=0))
     micro_batches = []
     for group in groups:
         total = max(lengths[i] for i in group)
