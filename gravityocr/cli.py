@@ -17,6 +17,7 @@ COMMANDS = {
     "ocr": ("gravityocr.pipelines.ocr_cli", "OCR local files in-process and print or write markdown/JSON"),
     "serve": ("gravityocr.serve.cli", "serve the OCR HTTP API on Ray Serve"),
     "train": ("gravityocr.model.training", "train a recogniser with the joint objective"),
+    "grpo": ("gravityocr.model.grpo", "GRPO on the AR path with OCR rewards, from trained weights"),
     "eval": ("gravityocr.model.evaluation", "score a recogniser on an evaluation manifest directory"),
 }
 # bench subcommand -> (module with main(argv) -> int, help)

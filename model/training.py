@@ -339,28 +339,11 @@ class Trainer:
         return joint_loss(self.model, shuffled, Objective.AR_ONLY).ar.item()
 
     def save_checkpoint(self) -> None:
-        staging = self.output / "checkpoint.tmp"
-        shutil.rmtree(staging, ignore_errors=True)
-        save_recognizer(self.recognizer, staging)
-        torch.save({"optimizer": self.optimizer.state_dict(), "step": self.step,
-                    "requested_steps": self.requested_steps, "schedule": self.schedule.plan(),
-                    "column_ctc": self.column_ctc.state_dict() if self.column_ctc is not None else None,
-                    "config": dataclasses.asdict(self.config)},
-                   staging / "trainer_state.pt")
-        previous = self.output / "checkpoint.old"
-        shutil.rmtree(previous, ignore_errors=True)
-        if self.checkpoint_dir.exists():
-            self.checkpoint_dir.rename(previous)
-        staging.rename(self.checkpoint_dir)
-        shutil.rmtree(previous, ignore_errors=True)
-
-    def _drop_log_records_after_checkpoint(self) -> None:
-        """Steps logged after the last checkpoint are redone on resume: keep one record per step."""
-        if not self.log_path.exists():
-            return
-        kept = [line for line in self.log_path.read_text().splitlines()
-                if line and json.loads(line)["step"] <= self.step]
-        self.log_path.write_text("".join(line + "\n" for line in kept))
+        write_checkpoint(self.checkpoint_dir, self.recognizer, {
+            "optimizer": self.optimizer.state_dict(), "step": self.step,
+            "requested_steps": self.requested_steps, "schedule": self.schedule.plan(),
+            "column_ctc": self.column_ctc.state_dict() if self.column_ctc is not None else None,
+            "config": dataclasses.asdict(self.config)})
 
     def replan(self, end_step: int) -> None:
         """End the run at `end_step`; the learning rate goes on from where it is."""
@@ -373,7 +356,7 @@ class Trainer:
 
     def run(self, progress_bar: bool = True) -> list[TrainProgress]:
         self.output.mkdir(parents=True, exist_ok=True)
-        self._drop_log_records_after_checkpoint()
+        drop_log_records_after(self.log_path, self.step)
         self._write_config()
         loader = torch.utils.data.DataLoader(
             CropBatches(self.config, self.recognizer.processor, self.model, self.step), batch_size=None,
@@ -416,6 +399,29 @@ class Trainer:
                     break  # a re-planned budget ends before the loader's last batch
         bar.close()
         return history
+
+
+def write_checkpoint(directory: Path, recognizer: Recognizer, state: dict) -> None:
+    """Weights (Hugging Face format) and `state` as trainer_state.pt, swapped in whole: a run
+    killed at any moment leaves the previous checkpoint or this one, never half of each."""
+    staging = directory.with_name(directory.name + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    save_recognizer(recognizer, staging)
+    torch.save(state, staging / "trainer_state.pt")
+    previous = directory.with_name(directory.name + ".old")
+    shutil.rmtree(previous, ignore_errors=True)
+    if directory.exists():
+        directory.rename(previous)
+    staging.rename(directory)
+    shutil.rmtree(previous, ignore_errors=True)
+
+
+def drop_log_records_after(log_path: Path, step: int) -> None:
+    """Steps logged after the last checkpoint are redone on resume: keep one record per step."""
+    if not log_path.exists():
+        return
+    kept = [line for line in log_path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+    log_path.write_text("".join(line + "\n" for line in kept))
 
 
 def export_weights(checkpoint: str | Path, destination: str | Path, dtype: torch.dtype = torch.float16) -> None:

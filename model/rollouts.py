@@ -1,0 +1,56 @@
+"""Sampled responses for GRPO: a group of completions of one prompt, drawn together.
+
+Every member of a group shares the prompt, so one prefill is repeated across the batch and
+each step feeds all of them a token at the same position: no padding, one causal mask.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import DynamicCache
+
+from .attention import causal_attention_mask
+from .decoding import prefill
+from .modeling import GravityOcrForConditionalGeneration
+from .processor import EncodedPrompt
+
+
+@torch.no_grad()
+def sample_group(model: GravityOcrForConditionalGeneration, prompt: EncodedPrompt, group_size: int,
+                 max_new_tokens: int, eos_ids: set[int], temperature: float = 1.0,
+                 generator: torch.Generator | None = None) -> list[list[int]]:
+    """`group_size` responses sampled at `temperature` from the causal (AR) path, each cut
+    after its first eos (kept) or at `max_new_tokens`. `generator` (a CPU one) makes the
+    draw repeatable."""
+    if group_size < 1:
+        raise ValueError(f"group_size must be at least 1, got {group_size}")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be positive, got {temperature} (greedy decoding is decoding.greedy_decode)")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    context = model.config.text_config.max_position_embeddings
+    if prompt.length + max_new_tokens > context:
+        raise ValueError(f"prompt of {prompt.length} tokens plus {max_new_tokens} new tokens exceeds the context of {context}")
+    device = model.device
+    cache = DynamicCache(config=model.config.text_config)
+    logits, position = prefill(model, prompt, cache)
+    cache.batch_repeat_interleave(group_size)
+    logits = logits.expand(group_size, -1)
+    eos = torch.tensor(sorted(eos_ids), dtype=torch.long)
+    columns: list[torch.Tensor] = []
+    finished = torch.zeros(group_size, dtype=torch.bool)
+    for step in range(max_new_tokens):
+        probabilities = torch.softmax(logits.float().cpu() / temperature, dim=-1)
+        tokens = torch.multinomial(probabilities, 1, generator=generator)[:, 0]
+        columns.append(tokens)
+        finished |= torch.isin(tokens, eos)
+        if bool(finished.all()) or step == max_new_tokens - 1:
+            break
+        positions = torch.full((3, group_size, 1), position + step, dtype=torch.long, device=device)
+        mask = causal_attention_mask(cache.get_seq_length(), 1, device)[None, None]
+        logits = model.logits_from_embeds(model.embed(tokens[:, None].to(device)), positions, mask, cache)[:, -1]
+    responses = []
+    for row in torch.stack(columns, dim=1).tolist():
+        end = next((i + 1 for i, token in enumerate(row) if token in eos_ids), len(row))
+        responses.append(row[:end])
+    return responses
