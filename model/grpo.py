@@ -23,7 +23,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-import yaml
 from tqdm import tqdm
 
 from . import synthetic
@@ -32,8 +31,9 @@ from .joint_loss import IGNORE, JointBatch, Objective, TargetCounts, TrainingSam
 from .loading import DEFAULT_MODEL_DIR, load_recognizer
 from .metrics import score
 from .rollouts import sample_group
+from .recipes import add_run_arguments, read_recipe, run_recipe
 from .schedule import LearningRateSchedule
-from .training import drop_log_records_after, export_weights, parameter_groups, write_checkpoint
+from .training import drop_log_records_after, parameter_groups, write_checkpoint
 
 
 @dataclass
@@ -67,15 +67,7 @@ class GrpoConfig:
 
     @classmethod
     def from_file(cls, path: str | Path) -> "GrpoConfig":
-        raw = yaml.safe_load(Path(path).read_text()) or {}
-        unknown = set(raw) - {f.name for f in dataclasses.fields(cls)}
-        if unknown:
-            raise ValueError(f"{path}: unknown GRPO settings {sorted(unknown)}")
-        if "sources" in raw:
-            raw["sources"] = [CropSource(**source) for source in raw["sources"]]
-        config = cls(**raw)
-        config.validate()
-        return config
+        return read_recipe(cls, path, {"sources": CropSource})
 
     def validate(self) -> None:
         if self.group_size < 2:
@@ -252,26 +244,10 @@ class GrpoTrainer:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--config", help="YAML file of GrpoConfig settings")
-    parser.add_argument("--output-dir", help="where checkpoints and the log go (overrides the config)")
+    add_run_arguments(parser, "grpo_log.jsonl")
     parser.add_argument("--init-from", help="weights to start from (overrides the config; default: the shipped model)")
-    parser.add_argument("--steps", type=int, help="total steps (overrides the config)")
-    parser.add_argument("--threads", type=int, help="torch threads (overrides the config)")
-    parser.add_argument("--device", help="torch device, e.g. cuda (overrides the config)")
-    parser.add_argument("--max-seconds", type=float, help="stop after this long, with a checkpoint (overrides the config)")
-    parser.add_argument("--export", metavar="DIR", help="afterwards, write a float16 weights-only snapshot here")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar (records still go to grpo_log.jsonl)")
 
 
 def run(args) -> int:
-    config = GrpoConfig.from_file(args.config) if args.config else GrpoConfig()
-    for name in ("output_dir", "init_from", "steps", "threads", "device", "max_seconds"):
-        if getattr(args, name):  # a flag given on the command line overrides the config file
-            setattr(config, name, getattr(args, name))
-    trainer = GrpoTrainer(config)  # validates the config
-    if trainer.step:
-        print(f"resuming {config.output_dir} from step {trainer.step}")
-    trainer.run(progress_bar=not args.no_progress)
-    if args.export:
-        export_weights(trainer.checkpoint_dir, args.export)
-    return 0
+    return run_recipe(args, GrpoConfig, {"sources": CropSource}, GrpoTrainer,
+                      ("output_dir", "init_from", "steps", "threads", "device", "max_seconds"))

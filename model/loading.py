@@ -48,3 +48,10 @@ def save_recognizer(recognizer: Recognizer, directory: str | Path) -> None:
     recognizer.model.save_pretrained(directory)
     recognizer.processor.tokenizer.save_pretrained(directory)
     recognizer.processor.image_processor.save_pretrained(directory)
+
+
+def export_weights(checkpoint: str | Path, destination: str | Path, dtype: torch.dtype = torch.float16) -> None:
+    """A weights-only snapshot (half precision by default) to commit or to continue from."""
+    recognizer = load_recognizer(checkpoint)
+    recognizer.model.to(dtype)
+    save_recognizer(recognizer, destination)

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
-import yaml
 from tqdm import tqdm
 
 from . import synthetic
@@ -36,6 +35,7 @@ from .joint_loss import (JointBatch, Objective, TargetCounts, TrainingSample, bu
 from .loading import Recognizer, load_recognizer, save_recognizer
 from .modeling import GravityOcrForConditionalGeneration
 from .processor import OcrProcessor, make_image_processor
+from .recipes import add_run_arguments, read_recipe, run_recipe
 from .schedule import LearningRateSchedule, TimeBudget
 from .tokenizer import build_char_tokenizer
 
@@ -85,15 +85,7 @@ class TrainConfig:
 
     @classmethod
     def from_file(cls, path: str | Path) -> "TrainConfig":
-        raw = yaml.safe_load(Path(path).read_text()) or {}
-        unknown = set(raw) - {f.name for f in dataclasses.fields(cls)}
-        if unknown:
-            raise ValueError(f"{path}: unknown training settings {sorted(unknown)}")
-        if "curriculum" in raw:
-            raw["curriculum"] = [CurriculumPhase(**phase) for phase in raw["curriculum"]]
-        config = cls(**raw)
-        config.validate()
-        return config
+        return read_recipe(cls, path, {"curriculum": CurriculumPhase})
 
     def validate(self) -> None:
         if self.size not in SIZES:
@@ -424,34 +416,11 @@ def drop_log_records_after(log_path: Path, step: int) -> None:
     log_path.write_text("".join(line + "\n" for line in kept))
 
 
-def export_weights(checkpoint: str | Path, destination: str | Path, dtype: torch.dtype = torch.float16) -> None:
-    """A weights-only snapshot (half precision by default) to commit or to continue from."""
-    recognizer = load_recognizer(checkpoint)
-    recognizer.model.to(dtype)
-    save_recognizer(recognizer, destination)
-
-
 def add_arguments(parser) -> None:
-    parser.add_argument("--config", help="YAML file of TrainConfig settings")
-    parser.add_argument("--output-dir", help="where checkpoints and the log go (overrides the config)")
-    parser.add_argument("--steps", type=int, help="total steps (overrides the config)")
-    parser.add_argument("--threads", type=int, help="torch threads (overrides the config)")
-    parser.add_argument("--device", help="torch device, e.g. cuda (overrides the config)")
+    add_run_arguments(parser, "train_log.jsonl")
     parser.add_argument("--data-workers", type=int, help="crop-rendering processes (overrides the config)")
-    parser.add_argument("--max-seconds", type=float, help="time budget: the step count is re-planned to fit (overrides the config)")
-    parser.add_argument("--export", metavar="DIR", help="after training, write a float16 weights-only snapshot here")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar (logs still go to train_log.jsonl)")
 
 
 def run(args) -> int:
-    config = TrainConfig.from_file(args.config) if args.config else TrainConfig()
-    for name in ("output_dir", "steps", "threads", "device", "data_workers", "max_seconds"):
-        if getattr(args, name):  # a flag given on the command line overrides the config file
-            setattr(config, name, getattr(args, name))
-    trainer = Trainer(config)  # validates the config
-    if trainer.step:
-        print(f"resuming {config.output_dir} from step {trainer.step}")
-    trainer.run(progress_bar=not args.no_progress)
-    if args.export:
-        export_weights(trainer.checkpoint_dir, args.export)
-    return 0
+    return run_recipe(args, TrainConfig, {"curriculum": CurriculumPhase}, Trainer,
+                      ("output_dir", "steps", "threads", "device", "data_workers", "max_seconds"))

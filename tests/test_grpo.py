@@ -93,7 +93,7 @@ def test_kl_term_is_zero_at_the_reference_and_positive_away_from_it(tiny_model_f
 def test_bad_grpo_config_is_a_clear_error(tmp_path):
     bad = tmp_path / "grpo.yaml"
     for text, message in [("group_size: 1\n", "group_size must be at least 2"),
-                          ("groups: 4\n", "unknown GRPO settings"),
+                          ("groups: 4\n", "unknown settings"),
                           ("sources: [{stage: mono-2-5, kind: table}]\n", "has no 'table' crops"),
                           ("temperature: 0\n", "temperature must be positive")]:
         bad.write_text(text)

@@ -72,7 +72,7 @@ def test_bad_config_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="size must be one of"):
         TrainConfig.from_file(bad)
     bad.write_text("learning_rat: 0.1\n")
-    with pytest.raises(ValueError, match="unknown training settings"):
+    with pytest.raises(ValueError, match="unknown settings"):
         TrainConfig.from_file(bad)
     bad.write_text("curriculum: [{stage: nonsense, steps: 3}]\n")
     with pytest.raises((ValueError, KeyError)):
