@@ -57,23 +57,27 @@ class LearningRateSchedule:
 @dataclass
 class TimeBudget:
     """One invocation's time budget (a leased GPU, a nightly slot): steps 5-35 of the
-    invocation are timed, then the run is shortened to what fits, and again every
+    invocation are timed, then the run is fitted to the time left, and again every
     REPLAN_EVERY steps from the speed since the timing began (a machine that slows down
     still anneals inside the budget); a run slower than planned still stops on time."""
 
     seconds: float
     first_step: int  # the step this invocation started from (a resumed run starts late)
+    longest_end: int  # the step count asked for: a re-plan never goes past it
     window_started: float | None = None
 
     def planned_end(self, step: int, elapsed: float, end_step: int) -> int:
-        """The step to end at, given `step` reached `elapsed` seconds into the invocation."""
+        """The step to end at, given `step` reached `elapsed` seconds into the invocation and
+        the run now ends at `end_step`. A re-plan may also lengthen the run again (up to
+        `longest_end`): a slow spell that has passed, such as an evaluation sharing the
+        machine, no longer cuts the rest of the budget."""
         done = step - self.first_step
         if done == TIME_BUDGET_WINDOW[0]:
             self.window_started = elapsed
         elif (done >= TIME_BUDGET_WINDOW[1] and (done - TIME_BUDGET_WINDOW[1]) % REPLAN_EVERY == 0
               and self.window_started is not None):
             per_step = (elapsed - self.window_started) / (done - TIME_BUDGET_WINDOW[0])
-            end_step = min(end_step, step + int((self.seconds - elapsed) / per_step))
+            end_step = min(self.longest_end, step + int((self.seconds - elapsed) / per_step))
         if elapsed >= self.seconds:
             end_step = min(end_step, step)
         return max(step, end_step)

@@ -176,15 +176,17 @@ def step_generator(config: TrainConfig, step: int) -> torch.Generator:
 
 
 class CropBatches(torch.utils.data.IterableDataset):
-    """Renders, encodes and lays out the batches of steps [start, end) in worker processes.
+    """Renders, encodes and lays out the batches of steps [start, end) in worker processes
+    (end: the configured step count unless given; a time budget may end the run earlier).
 
     Worker k of n takes steps start+k, start+k+n, ...: the loader reads its workers in
     turn, so batches arrive in step order whatever the number of workers. The model is
     read only for its token ids and rope positions (no weights, no device)."""
 
     def __init__(self, config: TrainConfig, processor: OcrProcessor, model: GravityOcrForConditionalGeneration,
-                 start: int):
+                 start: int, end: int | None = None):
         self.config, self.processor, self.model, self.start = config, processor, model, start
+        self.end = config.steps if end is None else end
 
     def batch_for_step(self, step: int) -> StepBatch:
         samples = []
@@ -204,7 +206,7 @@ class CropBatches(torch.utils.data.IterableDataset):
         index, count = (worker.id, worker.num_workers) if worker is not None else (0, 1)
         if worker is not None:
             torch.set_num_threads(1)  # rendering is single-threaded; many workers share the cores
-        for step in range(self.start + index, self.config.steps, count):
+        for step in range(self.start + index, self.end, count):
             yield self.batch_for_step(step)
 
 
@@ -350,8 +352,11 @@ class Trainer:
         self.output.mkdir(parents=True, exist_ok=True)
         drop_log_records_after(self.log_path, self.step)
         self._write_config()
+        if self.step >= self.config.steps:
+            return []  # the plan is done (a time budget may have ended it before the steps asked for)
         loader = torch.utils.data.DataLoader(
-            CropBatches(self.config, self.recognizer.processor, self.model, self.step), batch_size=None,
+            CropBatches(self.config, self.recognizer.processor, self.model, self.step, self.requested_steps),
+            batch_size=None,
             num_workers=self.config.data_workers, prefetch_factor=4, persistent_workers=False,
             # forked workers share the model object unpickled, never touching its (GPU) weights
             multiprocessing_context="fork" if "fork" in multiprocessing.get_all_start_methods() else None,
@@ -360,7 +365,7 @@ class Trainer:
         bar = tqdm(total=self.config.steps, initial=self.step, disable=not progress_bar, unit="step", dynamic_ncols=True)
         started = time.perf_counter()
         first_step = self.step
-        budget = TimeBudget(self.config.max_seconds, first_step) if self.config.max_seconds > 0 else None
+        budget = TimeBudget(self.config.max_seconds, first_step, self.requested_steps) if self.config.max_seconds > 0 else None
         with self.log_path.open("a") as log:
             for batch in loader:
                 loss, ar, denoise, ctc = self.train_step(batch)

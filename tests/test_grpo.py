@@ -104,6 +104,11 @@ def test_bad_grpo_config_is_a_clear_error(tmp_path):
         GrpoConfig.from_file(bad)
 
 
+def test_the_shipped_grpo_recipe_is_a_valid_config():
+    config = GrpoConfig.from_file(DEFAULT_MODEL_DIR / "grpo.yaml")
+    assert config.group_size >= 2 and {source.kind for source in config.sources} >= {None, "formula"}
+
+
 GRPO_YAML = """
 steps: 2
 prompts_per_step: 2

@@ -195,12 +195,15 @@ def test_a_moved_end_continues_the_learning_rate_from_where_it_was():
 
 
 def test_a_time_budget_plans_from_the_timed_window_and_stops_on_time():
-    budget = TimeBudget(seconds=100, first_step=40)
+    budget = TimeBudget(seconds=100, first_step=40, longest_end=10_000)
     start, end = (40 + step for step in TIME_BUDGET_WINDOW)
     assert budget.planned_end(start, 10.0, 10_000) == 10_000
     # 30 steps in 30 s: 1 s a step, 60 s left at step `end`
     assert budget.planned_end(end, 40.0, 10_000) == end + 60
-    assert budget.planned_end(end, 40.0, end + 20) == end + 20  # never lengthens the run
+    assert budget.planned_end(end, 40.0, end + 20) == end + 60  # lengthened again when time allows
+    capped = TimeBudget(seconds=100, first_step=40, longest_end=end + 30)
+    capped.planned_end(start, 10.0, end + 20)
+    assert capped.planned_end(end, 40.0, end + 20) == end + 30  # never past the steps asked for
     assert budget.planned_end(end + 10, 50.0, end + 60) == end + 60  # between re-plans: the plan stands
     # REPLAN_EVERY steps on, the machine has slowed down: 80 steps in 85 s since the window
     # opened, 1.0625 s a step with 5 s left: 4 more steps, not the 10 planned
@@ -221,6 +224,7 @@ def test_a_resumed_budgeted_run_keeps_its_plan_unless_asked_for_another(tmp_path
     resumed = Trainer(config(100))
     assert resumed.step == 3 and resumed.config.steps == 3
     assert resumed.schedule == first.schedule  # no jump back to a 100-step cosine
+    assert resumed.run(progress_bar=False) == [] and resumed.step == 3  # its plan is done
     extended = Trainer(config(50))
     assert extended.config.steps == 50 and extended.schedule.end_step == 50
     fresh = LearningRateSchedule(extended.config.learning_rate, extended.config.min_learning_rate, 1, 50)
@@ -243,7 +247,8 @@ def test_a_phase_can_restrict_its_stage_to_one_content_type(tmp_path):
         TrainConfig(curriculum=[CurriculumPhase("fonts-8-20", 1, kind="table")]).validate()
 
 
-@pytest.mark.parametrize("recipe", ["train.yaml", "continue.yaml", "gpu.yaml", "formulas.yaml"])
+@pytest.mark.parametrize("recipe", ["train.yaml", "continue.yaml", "gpu.yaml", "formulas.yaml", "mixed.yaml",
+                                    "lines.yaml"])
 def test_the_shipped_models_recipes_are_valid_configs(recipe):
     from gravityocr.model.loading import DEFAULT_MODEL_DIR
 
