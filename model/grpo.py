@@ -30,8 +30,8 @@ from .joint_loss import IGNORE, JointBatch, Objective, TargetCounts, TrainingSam
     split_by_length
 from .loading import DEFAULT_MODEL_DIR, load_recognizer
 from .metrics import score
-from .rollouts import sample_group
 from .recipes import add_run_arguments, read_recipe, run_recipe
+from .rollouts import sample_group
 from .schedule import LearningRateSchedule
 from .training import drop_log_records_after, parameter_groups, write_checkpoint
 
