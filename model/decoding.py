@@ -82,7 +82,8 @@ def _step(model, token_ids: list[int], first_position: int, mask: torch.Tensor, 
     return model.logits_from_embeds(model.embed(ids), positions, mask[None, None], cache)[0]
 
 
-def _validate(prompt: EncodedPrompt, max_new_tokens: int, model) -> None:
+def check_length(prompt: EncodedPrompt, max_new_tokens: int, model) -> None:
+    """A request must ask for at least one token and fit the model's context."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     context = model.config.text_config.max_position_embeddings
@@ -95,7 +96,7 @@ def _validate(prompt: EncodedPrompt, max_new_tokens: int, model) -> None:
 @torch.no_grad()
 def greedy_decode(model, prompt: EncodedPrompt, max_new_tokens: int, eos_ids: set[int]) -> DecodeResult:
     """Plain greedy AR decoding with a KV cache: one token per forward pass."""
-    _validate(prompt, max_new_tokens, model)
+    check_length(prompt, max_new_tokens, model)
     cache = DynamicCache(config=model.config.text_config)
     logits, position = prefill(model, prompt, cache)
     sequence = _Sequence(eos_ids, max_new_tokens)
@@ -115,7 +116,7 @@ def greedy_decode(model, prompt: EncodedPrompt, max_new_tokens: int, eos_ids: se
 def speculative_decode(model, prompt: EncodedPrompt, max_new_tokens: int, eos_ids: set[int],
                        block_size: int = 32) -> DecodeResult:
     """Self-speculative decoding; output identical to `greedy_decode` of the same weights."""
-    _validate(prompt, max_new_tokens, model)
+    check_length(prompt, max_new_tokens, model)
     if block_size < 2:
         raise ValueError(f"block_size must be at least 2, got {block_size}")
     cache = DynamicCache(config=model.config.text_config)

@@ -10,7 +10,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from .attention import causal_attention_mask
-from .decoding import prefill
+from .decoding import check_length, prefill
 from .modeling import GravityOcrForConditionalGeneration
 from .processor import EncodedPrompt
 
@@ -26,11 +26,7 @@ def sample_group(model: GravityOcrForConditionalGeneration, prompt: EncodedPromp
         raise ValueError(f"group_size must be at least 1, got {group_size}")
     if temperature <= 0:
         raise ValueError(f"temperature must be positive, got {temperature} (greedy decoding is decoding.greedy_decode)")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-    context = model.config.text_config.max_position_embeddings
-    if prompt.length + max_new_tokens > context:
-        raise ValueError(f"prompt of {prompt.length} tokens plus {max_new_tokens} new tokens exceeds the context of {context}")
+    check_length(prompt, max_new_tokens, model)
     device = model.device
     cache = DynamicCache(config=model.config.text_config)
     logits, position = prefill(model, prompt, cache)
