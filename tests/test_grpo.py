@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 from gravityocr.cli import main
 from gravityocr.model import synthetic
 from gravityocr.model.decoding import greedy_decode, speculative_decode
-from gravityocr.model.grpo import GrpoConfig, group_advantages, policy_loss, response_log_probs
-from gravityocr.model.joint_loss import Objective, TrainingSample, build_joint_batch
+from gravityocr.model.grpo import CropSource, GrpoConfig, GrpoTrainer, group_advantages, policy_loss, response_log_probs
+from gravityocr.model.joint_loss import Objective, TrainingSample, build_joint_batch, joint_loss
 from gravityocr.model.loading import DEFAULT_MODEL_DIR, load_recognizer
 from gravityocr.model.rollouts import sample_group
 
@@ -95,7 +95,8 @@ def test_bad_grpo_config_is_a_clear_error(tmp_path):
     for text, message in [("group_size: 1\n", "group_size must be at least 2"),
                           ("groups: 4\n", "unknown settings"),
                           ("sources: [{stage: mono-2-5, kind: table}]\n", "has no 'table' crops"),
-                          ("temperature: 0\n", "temperature must be positive")]:
+                          ("temperature: 0\n", "temperature must be positive"),
+                          ("denoise_weight: -1\n", "denoise_weight must be 0")]:
         bad.write_text(text)
         with pytest.raises(ValueError, match=message):
             GrpoConfig.from_file(bad)
@@ -109,6 +110,29 @@ def test_the_shipped_grpo_recipe_is_a_valid_config():
     assert config.group_size >= 2 and {source.kind for source in config.sources} >= {None, "formula"}
 
 
+def test_the_drafter_term_trains_the_drafter_on_true_targets(tmp_path):
+    """One step from the same weights on the same rollouts, with and without the term: the
+    policy step alone moves the shared weights too, the term must lower the drafter's loss more."""
+    after = {}
+    for weight in (0.0, 20.0):
+        config = GrpoConfig(output_dir=str(tmp_path / str(weight)), prompts_per_step=2, group_size=2, extra_tokens=2,
+                            warmup_steps=0, learning_rate=1e-5, denoise_weight=weight, threads=1, seed=5,
+                            sources=[CropSource("fonts-8-20")])
+        trainer = GrpoTrainer(config)
+        _, truths, _, _ = trainer.rollouts(0)
+        batch = build_joint_batch(trainer.model, truths, Objective.NO_AR, generator=torch.Generator().manual_seed(0))
+
+        def drafter_loss():
+            with torch.no_grad():
+                return float(joint_loss(trainer.model, batch, Objective.NO_AR).denoise)
+
+        before = drafter_loss()
+        record = trainer.train_step()
+        assert (record.denoise > 0) == (weight > 0)
+        after[weight] = drafter_loss()
+    assert after[20.0] < min(before, after[0.0])
+
+
 GRPO_YAML = """
 steps: 2
 prompts_per_step: 2
@@ -117,6 +141,7 @@ extra_tokens: 4
 warmup_steps: 1
 learning_rate: 0.0001
 kl_weight: 0.1
+denoise_weight: 0.5
 micro_batch_tokens: 200
 checkpoint_every: 1
 threads: 1
@@ -147,6 +172,7 @@ def test_grpo_command_learns_resumes_exactly_and_keeps_decoding_exact(tmp_path):
     assert all(0.0 <= record["reward"] <= 1.0 and record["response_tokens"] >= 1 for record in records)
     assert any(record["informative_groups"] > 0 for record in records)
     assert records[-1]["kl"] > 0  # the second step starts away from the reference
+    assert all(record["denoise"] > 0 for record in records)
 
     # The GRPO-trained weights still decode speculatively exactly as greedy AR.
     recognizer = load_recognizer(tmp_path / "export")
