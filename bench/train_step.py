@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from ..model.joint_loss import JointBatch, TargetCounts, joint_loss, split_by_length
+from ..model.joint_loss import JointBatch, backward_in_micro_batches
 from ..model.loading import DEFAULT_MODEL_DIR, load_recognizer
 from ..model.training import CropBatches, TrainConfig
 
@@ -25,11 +25,8 @@ from ..model.training import CropBatches, TrainConfig
 def gradient(model, batch: JointBatch, objective, max_tokens: int) -> tuple[list[torch.Tensor], int]:
     """The step's gradient computed through micro-batches of `max_tokens`, and how many there were."""
     model.zero_grad(set_to_none=True)
-    counts = TargetCounts.of(batch)
-    micro_batches = split_by_length(batch, max_tokens)
-    for micro in micro_batches:
-        joint_loss(model, micro.batch, objective, counts).total.backward()
-    return [p.grad.detach().clone() for p in model.parameters() if p.grad is not None], len(micro_batches)
+    _, count = backward_in_micro_batches(model, batch, objective, max_tokens)
+    return [p.grad.detach().clone() for p in model.parameters() if p.grad is not None], count
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -28,8 +28,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from . import synthetic
-from .joint_loss import IGNORE, JointBatch, Objective, TargetCounts, TrainingSample, build_joint_batch, joint_logits, \
-    joint_loss, split_by_length
+from .joint_loss import IGNORE, JointBatch, Objective, TargetCounts, TrainingSample, backward_in_micro_batches, \
+    build_joint_batch, joint_logits, split_by_length
 from .loading import DEFAULT_MODEL_DIR, load_recognizer
 from .metrics import score
 from .recipes import add_run_arguments, read_recipe, run_recipe
@@ -201,12 +201,9 @@ class GrpoTrainer:
         """Backpropagates the weighted denoising loss of the crops' true targets; returns that loss."""
         batch = build_joint_batch(self.model, truths, Objective.NO_AR, self.config.block_size,
                                   generator=self.step_generator(step))
-        counts, total = TargetCounts.of(batch), 0.0
-        for micro in split_by_length(batch, self.config.micro_batch_tokens):
-            denoise = joint_loss(self.model, micro.batch, Objective.NO_AR, counts).denoise
-            (self.config.denoise_weight * denoise).backward()
-            total += float(denoise.detach())
-        return total
+        parts, _ = backward_in_micro_batches(self.model, batch, Objective.NO_AR, self.config.micro_batch_tokens,
+                                             self.config.denoise_weight)
+        return float(parts.denoise)
 
     def train_step(self) -> GrpoProgress:
         started = time.perf_counter()

@@ -185,3 +185,19 @@ def joint_loss(
                               reduction="sum") / counts.denoise
     total = denoise if objective == Objective.NO_AR else ar + denoise
     return LossParts(total=total, ar=ar, denoise=denoise)
+
+
+def backward_in_micro_batches(model: GravityOcrForConditionalGeneration, batch: JointBatch, objective: Objective,
+                              max_tokens: int, weight: float = 1.0) -> tuple[LossParts, int]:
+    """Backpropagates `weight` times the batch's loss through `split_by_length` micro-batches
+    (the gradient of one pass); returns the unweighted loss parts, summed over the
+    micro-batches and detached, and how many micro-batches there were."""
+    counts = TargetCounts.of(batch)
+    micro_batches = split_by_length(batch, max_tokens)
+    sums = []
+    for micro in micro_batches:
+        parts = joint_loss(model, micro.batch, objective, counts)
+        (weight * parts.total).backward()
+        sums.append(torch.stack([parts.total, parts.ar, parts.denoise]).detach())
+    total, ar, denoise = torch.stack(sums).sum(dim=0)
+    return LossParts(total, ar, denoise), len(micro_batches)

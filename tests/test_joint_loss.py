@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gravityocr.model.configs import TINY, build_config
-from gravityocr.model.joint_loss import Objective, TargetCounts, build_joint_batch, joint_loss, split_by_length
+from gravityocr.model.joint_loss import Objective, backward_in_micro_batches, build_joint_batch, joint_loss, split_by_length
 from gravityocr.model.modeling import GravityOcrForConditionalGeneration
 
 
@@ -78,19 +78,20 @@ def test_length_sorted_micro_batches_give_the_whole_batchs_loss_and_gradient(tok
     batch.pixel_values = batch.pixel_values.double()
     lengths = [layout.total_len for layout in batch.layouts]
 
-    def gradient_and_losses(max_tokens):
+    def gradient_and_losses(max_tokens, weight=1.0):
         model.zero_grad(set_to_none=True)
-        counts, losses = TargetCounts.of(batch), torch.zeros(3, dtype=torch.float64)
-        micro_batches = split_by_length(batch, max_tokens)
-        for micro in micro_batches:
-            parts = joint_loss(model, micro.batch, objective, counts)
-            parts.total.backward()
-            losses += torch.stack([parts.total, parts.ar, parts.denoise]).detach()
-        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, losses, micro_batches
+        parts, count = backward_in_micro_batches(model, batch, objective, max_tokens, weight)
+        assert count == len(split_by_length(batch, max_tokens))
+        return ({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
+                torch.stack([parts.total, parts.ar, parts.denoise]), split_by_length(batch, max_tokens))
 
     whole, whole_losses, one = gradient_and_losses(0)
     split, split_losses, many = gradient_and_losses(2 * max(lengths) - 1)
+    halved, halved_losses, _ = gradient_and_losses(2 * max(lengths) - 1, weight=0.5)
     assert len(one) == 1 and len(many) >= 3
+    assert torch.equal(halved_losses, split_losses)  # the weight scales the gradient, not the reported loss
+    for name in split:
+        assert torch.allclose(halved[name], 0.5 * split[name], rtol=1e-12, atol=0), name
     assert sorted(i for micro in many for i in micro.indices) == list(range(len(samples)))
     for micro in many:  # each trimmed to its longest sample, with that sample's own patches
         assert micro.batch.input_ids.shape[1] == max(lengths[i] for i in micro.indices)
