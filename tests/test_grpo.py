@@ -105,8 +105,9 @@ def test_bad_grpo_config_is_a_clear_error(tmp_path):
         GrpoConfig.from_file(bad)
 
 
-def test_the_shipped_grpo_recipe_is_a_valid_config():
-    config = GrpoConfig.from_file(DEFAULT_MODEL_DIR / "grpo.yaml")
+@pytest.mark.parametrize("recipe", sorted(path.name for path in DEFAULT_MODEL_DIR.glob("grpo*.yaml")))
+def test_the_shipped_grpo_recipes_are_valid_configs(recipe):
+    config = GrpoConfig.from_file(DEFAULT_MODEL_DIR / recipe)
     assert config.group_size >= 2 and {source.kind for source in config.sources} >= {None, "formula"}
 
 

@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from gravityocr.cli import main
+from gravityocr.model.loading import DEFAULT_MODEL_DIR
 from gravityocr.model.schedule import REPLAN_EVERY, TIME_BUDGET_WINDOW, LearningRateSchedule, TimeBudget
 from gravityocr.model.training import CurriculumPhase, TrainConfig, Trainer
 
@@ -247,10 +248,8 @@ def test_a_phase_can_restrict_its_stage_to_one_content_type(tmp_path):
         TrainConfig(curriculum=[CurriculumPhase("fonts-8-20", 1, kind="table")]).validate()
 
 
-@pytest.mark.parametrize("recipe", ["train.yaml", "continue.yaml", "gpu.yaml", "formulas.yaml", "mixed.yaml",
-                                    "lines.yaml"])
+@pytest.mark.parametrize("recipe", sorted(path.name for path in DEFAULT_MODEL_DIR.glob("*.yaml")
+                                           if not path.name.startswith("grpo")))
 def test_the_shipped_models_recipes_are_valid_configs(recipe):
-    from gravityocr.model.loading import DEFAULT_MODEL_DIR
-
     config = TrainConfig.from_file(DEFAULT_MODEL_DIR / recipe)
     assert config.size == "small" and config.curriculum
