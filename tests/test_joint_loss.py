@@ -81,9 +81,10 @@ def test_length_sorted_micro_batches_give_the_whole_batchs_loss_and_gradient(tok
     def gradient_and_losses(max_tokens, weight=1.0):
         model.zero_grad(set_to_none=True)
         parts, count = backward_in_micro_batches(model, batch, objective, max_tokens, weight)
-        assert count == len(split_by_length(batch, max_tokens))
+        micro_batches = split_by_length(batch, max_tokens)
+        assert count == len(micro_batches)
         return ({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
-                torch.stack([parts.total, parts.ar, parts.denoise]), split_by_length(batch, max_tokens))
+                torch.stack([parts.total, parts.ar, parts.denoise]), micro_batches)
 
     whole, whole_losses, one = gradient_and_losses(0)
     split, split_losses, many = gradient_and_losses(2 * max(lengths) - 1)
