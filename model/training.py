@@ -30,6 +30,7 @@ from tqdm import tqdm
 from . import synthetic
 from .column_ctc import ColumnCtcHead
 from .configs import SMALL, TINY, build_config
+from .growth import grow_vision_depth
 from .joint_loss import (JointBatch, Objective, TargetCounts, TrainingSample, build_joint_batch, joint_loss,
                          split_by_length)
 from .loading import Recognizer, load_recognizer, save_recognizer
@@ -74,6 +75,9 @@ class TrainConfig:
     checkpoint_every: int = 200
     shuffled_loss_every: int = 50
     init_from: str | None = None  # start from these weights (a fresh optimiser)
+    # >0: the vision tower gets this many blocks before training starts; blocks beyond the
+    # starting weights' begin as the identity (model/growth.py). 0: the starting weights' depth
+    vision_depth: int = 0
     ctc_weight: float = 0.0  # auxiliary CTC loss on the vision tower's columns (single text lines)
     max_pixels: int = 28 * 28 * 1024
     # >0: a step runs as length-sorted micro-batches of at most this many padded tokens (same
@@ -103,6 +107,8 @@ class TrainConfig:
             raise ValueError(f"data_workers must be at least 1, got {self.data_workers}")
         if self.micro_batch_tokens < 0:
             raise ValueError(f"micro_batch_tokens must be 0 (one pass) or positive, got {self.micro_batch_tokens}")
+        if self.vision_depth < 0:
+            raise ValueError(f"vision_depth must be 0 (keep the starting depth) or positive, got {self.vision_depth}")
 
     def phase_at(self, step: int) -> int:
         start = 0
@@ -264,11 +270,12 @@ class Trainer:
         if (self.checkpoint_dir / "trainer_state.pt").exists():
             self.recognizer = load_recognizer(self.checkpoint_dir)
             self.recognizer.model.train()
-        elif config.init_from:
-            self.recognizer = load_recognizer(config.init_from)
-            self.recognizer.model.train()
         else:
-            self.recognizer = build_fresh_recognizer(config)
+            start = load_recognizer(config.init_from) if config.init_from else build_fresh_recognizer(config)
+            if config.vision_depth:
+                start = grow_vision_depth(start, config.vision_depth, seed=config.seed)
+            self.recognizer = start
+            self.recognizer.model.train()
         self.model = self.recognizer.model.to(config.device).train()
         groups = parameter_groups(self.model, config)
         self.column_ctc: ColumnCtcHead | None = None
