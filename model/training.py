@@ -269,13 +269,11 @@ class Trainer:
         self.step = 0
         if (self.checkpoint_dir / "trainer_state.pt").exists():
             self.recognizer = load_recognizer(self.checkpoint_dir)
-            self.recognizer.model.train()
         else:
             start = load_recognizer(config.init_from) if config.init_from else build_fresh_recognizer(config)
             if config.vision_depth:
                 start = grow_vision_depth(start, config.vision_depth, seed=config.seed)
             self.recognizer = start
-            self.recognizer.model.train()
         self.model = self.recognizer.model.to(config.device).train()
         groups = parameter_groups(self.model, config)
         self.column_ctc: ColumnCtcHead | None = None
