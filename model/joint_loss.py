@@ -72,6 +72,11 @@ class MicroBatch:
     batch: JointBatch
 
 
+def check_draft_ratio_fraction(fraction: float) -> None:
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"draft_ratio_fraction must be a share in [0, 1], got {fraction}")
+
+
 def build_joint_batch(
     model: GravityOcrForConditionalGeneration,
     samples: list[TrainingSample],
@@ -79,7 +84,12 @@ def build_joint_batch(
     block_size: int = 32,
     random_block_offset: bool = True,
     generator: torch.Generator | None = None,
+    draft_ratio_fraction: float = 0.0,
 ) -> JointBatch:
+    """`draft_ratio_fraction`: the share of samples whose stream A masks every response
+    token (ratio t = 1; stream B then is clean and carries no target). That is the state
+    a draft pass decodes from (a block of masks after clean tokens); a uniform t puts
+    only ~1 target in 5 above ratio 0.9, where a mask's block-mates are mostly masks too."""
     corrupted = objective != Objective.AR_ONLY
     pad_id = model.config.pad_token_id or 0
     rows, positions, masks, ar_rows, denoise_rows, layouts = [], [], [], [], [], []
@@ -97,6 +107,8 @@ def build_joint_batch(
         denoise_target = torch.full((layout.total_len,), IGNORE)
         if corrupted:
             ratio = float(torch.rand((), generator=generator))
+            if draft_ratio_fraction > 0 and float(torch.rand((), generator=generator)) < draft_ratio_fraction:
+                ratio = 1.0
             masked_in_a = complementary_mask_choice(L, ratio, generator)
             for stream_masked, start in ((masked_in_a, P + L), (~masked_in_a, P + 2 * L)):
                 ids.append(target.masked_fill(stream_masked, model.mask_token_id))

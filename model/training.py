@@ -31,8 +31,8 @@ from . import synthetic
 from .column_ctc import ColumnCtcHead
 from .configs import SMALL, TINY, build_config
 from .growth import grow_vision_depth
-from .joint_loss import (JointBatch, Objective, TargetCounts, TrainingSample, build_joint_batch, joint_loss,
-                         split_by_length)
+from .joint_loss import (JointBatch, Objective, TargetCounts, TrainingSample, build_joint_batch,
+                         check_draft_ratio_fraction, joint_loss, split_by_length)
 from .loading import Recognizer, load_recognizer, save_recognizer
 from .modeling import GravityOcrForConditionalGeneration
 from .processor import OcrProcessor, make_image_processor
@@ -64,6 +64,9 @@ class TrainConfig:
     weight_decay: float = 0.01
     clip_norm: float = 1.0
     block_size: int = 32
+    # share of samples trained in the draft pass's own state: every response token masked in
+    # stream A (joint_loss.build_joint_batch); 0 keeps the mask ratio uniform
+    draft_ratio_fraction: float = 0.0
     seed: int = 0
     threads: int = 0  # 0: GRAVITYOCR_THREADS, else 1 (on a shared 2-core box one thread beats two)
     device: str = "cpu"
@@ -109,6 +112,7 @@ class TrainConfig:
             raise ValueError(f"micro_batch_tokens must be 0 (one pass) or positive, got {self.micro_batch_tokens}")
         if self.vision_depth < 0:
             raise ValueError(f"vision_depth must be 0 (keep the starting depth) or positive, got {self.vision_depth}")
+        check_draft_ratio_fraction(self.draft_ratio_fraction)
 
     def phase_at(self, step: int) -> int:
         start = 0
@@ -200,7 +204,8 @@ class CropBatches(torch.utils.data.IterableDataset):
             seed, stage, kind = sample_for_step(self.config, step, index)
             samples.append(encode_crop(self.processor, synthetic.generate_crop(seed, stage, kind)))
         joint = build_joint_batch(self.model, samples, self.config.objective_at(step), self.config.block_size,
-                                  generator=step_generator(self.config, step))
+                                  generator=step_generator(self.config, step),
+                                  draft_ratio_fraction=self.config.draft_ratio_fraction)
         shuffled = None
         if step % self.config.shuffled_loss_every == 0:
             shuffled = build_joint_batch(self.model, shuffled_image_samples(samples), Objective.AR_ONLY,

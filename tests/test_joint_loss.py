@@ -5,9 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gravityocr.model.attention import CLEAN, STREAM_A, STREAM_B
 from gravityocr.model.configs import TINY, build_config
-from gravityocr.model.joint_loss import Objective, backward_in_micro_batches, build_joint_batch, joint_loss, split_by_length
+from gravityocr.model.grpo import GrpoConfig
+from gravityocr.model.joint_loss import (IGNORE, Objective, backward_in_micro_batches, build_joint_batch, joint_loss,
+                                         split_by_length)
 from gravityocr.model.modeling import GravityOcrForConditionalGeneration
+from gravityocr.model.training import TrainConfig
 
 
 def _fresh_model(tokenizer):
@@ -102,3 +106,40 @@ def test_length_sorted_micro_batches_give_the_whole_batchs_loss_and_gradient(tok
     assert whole.keys() == split.keys()
     for name in whole:
         assert torch.allclose(split[name], whole[name], rtol=1e-5, atol=1e-8), name
+
+
+def test_draft_ratio_fraction_trains_some_samples_in_the_draft_pass_state(tokenizer, overfit_samples):
+    """Share 1: stream A masks the whole response, as a draft pass sees its block (masks after
+    clean tokens); stream B is clean and carries no target. Share 0: the uniform ratio, the
+    same batch as before the option existed."""
+    model = _fresh_model(tokenizer)
+    samples = overfit_samples * 6
+
+    def batch(**options):
+        return build_joint_batch(model, samples, Objective.JOINT, block_size=8,
+                                 generator=torch.Generator().manual_seed(3), **options)
+
+    def stream_a_all_masked(joint):
+        return [bool((joint.input_ids[row, layout.stream_start(STREAM_A):][:layout.response_len]
+                      == model.mask_token_id).all()) for row, layout in enumerate(joint.layouts)]
+
+    uniform, unchanged = batch(), batch(draft_ratio_fraction=0.0)
+    assert torch.equal(uniform.input_ids, unchanged.input_ids)
+    assert torch.equal(uniform.denoise_targets, unchanged.denoise_targets)
+
+    drafts = batch(draft_ratio_fraction=1.0)
+    assert all(stream_a_all_masked(drafts))
+    for row, layout in enumerate(drafts.layouts):
+        length, clean = layout.response_len, layout.stream_start(CLEAN)
+        a, b = layout.stream_start(STREAM_A), layout.stream_start(STREAM_B)
+        assert torch.equal(drafts.denoise_targets[row, a:a + length], drafts.input_ids[row, clean:clean + length])
+        assert torch.equal(drafts.input_ids[row, b:b + length], drafts.input_ids[row, clean:clean + length])
+        assert bool((drafts.denoise_targets[row, b:b + length] == IGNORE).all())
+
+    half = stream_a_all_masked(batch(draft_ratio_fraction=0.5))
+    assert sum(stream_a_all_masked(uniform)) < sum(half) < len(samples)
+
+    with pytest.raises(ValueError, match="draft_ratio_fraction"):
+        TrainConfig(draft_ratio_fraction=1.5).validate()
+    with pytest.raises(ValueError, match="draft_ratio_fraction"):
+        GrpoConfig(draft_ratio_fraction=-0.1).validate()
