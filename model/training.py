@@ -65,7 +65,8 @@ class TrainConfig:
     clip_norm: float = 1.0
     block_size: int = 32
     # share of samples trained in the draft pass's own state: every response token masked in
-    # stream A (joint_loss.build_joint_batch); 0 keeps the mask ratio uniform
+    # stream A (joint_loss.build_joint_batch); 0 keeps the mask ratio uniform. At 0.5 it did not
+    # raise acceptance on CPU (model/default/TRAINING.md stage 12)
     draft_ratio_fraction: float = 0.0
     seed: int = 0
     threads: int = 0  # 0: GRAVITYOCR_THREADS, else 1 (on a shared 2-core box one thread beats two)
