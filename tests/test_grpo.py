@@ -113,12 +113,14 @@ def test_the_shipped_grpo_recipes_are_valid_configs(recipe):
 
 def test_the_drafter_term_trains_the_drafter_on_true_targets(tmp_path):
     """One step from the same weights on the same rollouts, with and without the term: the
-    policy step alone moves the shared weights too, the term must lower the drafter's loss more."""
+    policy step alone moves the shared weights too, the term must lower the drafter's loss more.
+    Paragraphs, not short lines: on those the shipped drafter is near perfect (loss ~0.05), and
+    one step of a 1e-5 learning rate can as well raise as lower it."""
     after = {}
     for weight in (0.0, 20.0):
         config = GrpoConfig(output_dir=str(tmp_path / str(weight)), prompts_per_step=2, group_size=2, extra_tokens=2,
                             warmup_steps=0, learning_rate=1e-5, denoise_weight=weight, threads=1, seed=5,
-                            sources=[CropSource("fonts-8-20")])
+                            sources=[CropSource("paragraphs")])
         trainer = GrpoTrainer(config)
         _, truths, _, _ = trainer.rollouts(0)
         batch = build_joint_batch(trainer.model, truths, Objective.NO_AR, generator=torch.Generator().manual_seed(0))
