@@ -19,6 +19,7 @@ COMMANDS = {
     "train": ("gravityocr.model.training", "train a recogniser with the joint objective"),
     "grpo": ("gravityocr.model.grpo", "GRPO on the AR path with OCR rewards, from trained weights"),
     "eval": ("gravityocr.model.evaluation", "score a recogniser on an evaluation manifest directory"),
+    "average": ("gravityocr.model.averaging", "average the weights of recognisers trained from the same start"),
 }
 # bench subcommand -> (module with main(argv) -> int, help)
 BENCHMARKS = {
