@@ -15,10 +15,35 @@ from .loading import export_weights
 Settings = TypeVar("Settings")
 
 
+EXTENDS_KEY = "extends"
+
+
+def read_recipe_mapping(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A recipe file's settings as a mapping. A file may name another with `extends: FILE`
+    (relative to its own directory): it starts from that file's settings and overrides the
+    ones it names, whole values at a time (a curriculum given replaces the base's)."""
+    path = Path(path).resolve()
+    if path in _seen:
+        chain = " -> ".join(str(p) for p in (*_seen, path))
+        raise ValueError(f"recipe files extend each other in a cycle: {chain}")
+    if not path.is_file():
+        named_by = f" (named by {_seen[-1]})" if _seen else ""
+        raise FileNotFoundError(f"recipe file {path} not found{named_by}")
+    raw = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: a recipe is a mapping of settings, got {type(raw).__name__}")
+    base_name = raw.pop(EXTENDS_KEY, None)
+    if base_name is None:
+        return raw
+    if not isinstance(base_name, str):
+        raise ValueError(f"{path}: `{EXTENDS_KEY}` names one recipe file, got {base_name!r}")
+    return {**read_recipe_mapping(path.parent / base_name, (*_seen, path)), **raw}
+
+
 def read_recipe(settings_type: type[Settings], path: str | Path, nested: dict[str, type] | None = None) -> Settings:
-    """The settings a YAML file names, validated; `nested` maps a setting holding a list of
-    mappings to the dataclass each mapping becomes."""
-    raw = yaml.safe_load(Path(path).read_text()) or {}
+    """The settings a YAML file names (with those of the file it extends), validated; `nested`
+    maps a setting holding a list of mappings to the dataclass each mapping becomes."""
+    raw = read_recipe_mapping(path)
     known = {f.name for f in dataclasses.fields(settings_type)}
     unknown = set(raw) - known
     if unknown:

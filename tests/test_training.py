@@ -253,3 +253,47 @@ def test_a_phase_can_restrict_its_stage_to_one_content_type(tmp_path):
 def test_the_shipped_models_recipes_are_valid_configs(recipe):
     config = TrainConfig.from_file(DEFAULT_MODEL_DIR / recipe)
     assert config.size == "small" and config.curriculum
+
+
+def test_a_recipe_extends_another_and_overrides_whole_settings(tmp_path):
+    (tmp_path / "base.yaml").write_text(CONFIG_YAML + "seed: 5\noutput_dir: runs/base\n")
+    (tmp_path / "stages").mkdir()
+    child = tmp_path / "stages" / "child.yaml"
+    child.write_text("extends: ../base.yaml\nseed: 6\noutput_dir: runs/child\n"
+                     "curriculum:\n  - {stage: fonts-8-20, steps: 3}\n")
+    config = TrainConfig.from_file(child)
+    assert (config.seed, config.output_dir, config.steps, config.batch_size) == (6, "runs/child", 4, 2)
+    assert config.curriculum == [CurriculumPhase("fonts-8-20", 3)]  # the base's two phases are replaced, not merged
+    grandchild = tmp_path / "stages" / "grandchild.yaml"
+    grandchild.write_text("extends: child.yaml\nbatch_size: 3\n")
+    config = TrainConfig.from_file(grandchild)
+    assert (config.seed, config.batch_size, config.size) == (6, 3, "tiny")
+
+
+def test_a_recipe_that_extends_wrongly_is_refused_with_the_file_named(tmp_path):
+    first, second = tmp_path / "first.yaml", tmp_path / "second.yaml"
+    first.write_text("extends: second.yaml\n")
+    second.write_text("extends: first.yaml\nseed: 1\n")
+    with pytest.raises(ValueError, match="cycle.*first.yaml -> .*second.yaml -> .*first.yaml"):
+        TrainConfig.from_file(first)
+    first.write_text("extends: missing.yaml\n")
+    with pytest.raises(FileNotFoundError, match=r"missing.yaml not found \(named by .*first.yaml\)"):
+        TrainConfig.from_file(first)
+    second.write_text(CONFIG_YAML + "sed: 1\n")
+    first.write_text("extends: second.yaml\nseed: 2\n")
+    with pytest.raises(ValueError, match=r"unknown settings \['sed'\]"):
+        TrainConfig.from_file(first)
+    first.write_text("extends: [second.yaml]\n")
+    with pytest.raises(ValueError, match="names one recipe file"):
+        TrainConfig.from_file(first)
+
+
+def test_no_two_shipped_recipes_write_to_the_same_run_directory():
+    from gravityocr.model.grpo import GrpoConfig
+
+    output_dirs = {}
+    for recipe in sorted(DEFAULT_MODEL_DIR.glob("*.yaml")):
+        settings_type = GrpoConfig if recipe.name.startswith("grpo") else TrainConfig
+        output_dirs.setdefault(settings_type.from_file(recipe).output_dir, []).append(recipe.name)
+    assert len(output_dirs) > 30
+    assert {d: names for d, names in output_dirs.items() if len(names) > 1} == {}
