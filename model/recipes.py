@@ -18,10 +18,11 @@ Settings = TypeVar("Settings")
 EXTENDS_KEY = "extends"
 
 
-def read_recipe_mapping(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """A recipe file's settings as a mapping. A file may name another with `extends: FILE`
-    (relative to its own directory): it starts from that file's settings and overrides the
-    ones it names, whole values at a time (a curriculum given replaces the base's)."""
+def read_recipe_mapping(path: str | Path, known: set[str], _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A recipe file's settings as a mapping, each file's names checked against `known`. A file
+    may name another with `extends: FILE` (relative to its own directory): it starts from that
+    file's settings and overrides the ones it names, whole values at a time (a curriculum given
+    replaces the base's)."""
     path = Path(path).resolve()
     if path in _seen:
         chain = " -> ".join(str(p) for p in (*_seen, path))
@@ -33,21 +34,20 @@ def read_recipe_mapping(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: a recipe is a mapping of settings, got {type(raw).__name__}")
     base_name = raw.pop(EXTENDS_KEY, None)
+    unknown = set(raw) - known
+    if unknown:  # named here, so a typo in a base file points at that file
+        raise ValueError(f"{path}: unknown settings {sorted(unknown)}; known: {sorted(known)}")
     if base_name is None:
         return raw
     if not isinstance(base_name, str):
         raise ValueError(f"{path}: `{EXTENDS_KEY}` names one recipe file, got {base_name!r}")
-    return {**read_recipe_mapping(path.parent / base_name, (*_seen, path)), **raw}
+    return {**read_recipe_mapping(path.parent / base_name, known, (*_seen, path)), **raw}
 
 
 def read_recipe(settings_type: type[Settings], path: str | Path, nested: dict[str, type] | None = None) -> Settings:
     """The settings a YAML file names (with those of the file it extends), validated; `nested`
     maps a setting holding a list of mappings to the dataclass each mapping becomes."""
-    raw = read_recipe_mapping(path)
-    known = {f.name for f in dataclasses.fields(settings_type)}
-    unknown = set(raw) - known
-    if unknown:
-        raise ValueError(f"{path}: unknown settings {sorted(unknown)}; known: {sorted(known)}")
+    raw = read_recipe_mapping(path, {f.name for f in dataclasses.fields(settings_type)})
     for name, item_type in (nested or {}).items():
         if name in raw:
             raw[name] = [item_type(**item) for item in raw[name]]

@@ -281,7 +281,7 @@ def test_a_recipe_that_extends_wrongly_is_refused_with_the_file_named(tmp_path):
         TrainConfig.from_file(first)
     second.write_text(CONFIG_YAML + "sed: 1\n")
     first.write_text("extends: second.yaml\nseed: 2\n")
-    with pytest.raises(ValueError, match=r"unknown settings \['sed'\]"):
+    with pytest.raises(ValueError, match=r"second.yaml: unknown settings \['sed'\]"):
         TrainConfig.from_file(first)
     first.write_text("extends: [second.yaml]\n")
     with pytest.raises(ValueError, match="names one recipe file"):
