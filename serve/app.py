@@ -17,6 +17,7 @@ import binascii
 import hmac
 import time
 import uuid
+from concurrent.futures import CancelledError
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -25,6 +26,7 @@ from ray import serve
 
 from .. import metrics
 from . import schemas
+from .engine_requests import EngineRequests, RequestAbandoned
 from .settings import ServeSettings
 
 OCR_ROUTE = "/v1/ocr"
@@ -43,6 +45,7 @@ DOCUMENT_ERROR_STATUS = {
     "empty_file": 400, "unsupported_format": 415, "corrupt": 422, "encrypted": 422, "no_pages": 422,
     "too_large": 413, "unreadable": 422,
 }
+CLIENT_CLOSED_REQUEST = 499  # logged for a request whose client went away (nginx's convention)
 
 app = FastAPI(title="GravityOCR", version="0.1.0",
               description="OCR with exact self-speculative decoding: documents to markdown and JSON.")
@@ -132,7 +135,7 @@ class _OcrWork:
         raise HTTPProblem(415, f"unsupported content type {content_type or '(none)'!r}; send multipart/form-data "
                                "with a 'file' field or application/json")
 
-    def run(self, prepared) -> dict:
+    def run(self, prepared, engine_requests: EngineRequests) -> dict:
         from ..pipelines.assembly import document_markdown, page_markdown
         from ..pipelines.documents import DocumentError
 
@@ -141,7 +144,7 @@ class _OcrWork:
             pages = list(document.pages())
         except DocumentError as error:
             raise HTTPProblem(DOCUMENT_ERROR_STATUS.get(error.reason, 422), f"{error.reason}: {error.message}") from None
-        results = self.service.page_ocr.read_pages(pages)
+        results = self.service.page_reader(engine_requests).read_pages(pages)
         stats = [region.stats for page in results for region in page.regions if region.stats]
         committed = sum(s["committed_tokens"] for s in stats)
         passes = sum(s["forward_passes"] for s in stats)
@@ -196,7 +199,7 @@ class _ChatWork:
         except ValueError as error:
             raise HTTPProblem(422, f"invalid chat completion request: {error}") from None
 
-    def run(self, chat: schemas.ChatCompletionRequest) -> dict:
+    def run(self, chat: schemas.ChatCompletionRequest, engine_requests: EngineRequests) -> dict:
         from ..model.engine import Request as EngineRequest
         from ..model.processor import InvalidInput
         from ..pipelines.documents import DocumentError, open_document
@@ -223,9 +226,11 @@ class _ChatWork:
             raise HTTPProblem(422, str(error)) from None
         limit = min(chat.max_tokens or self.service.settings.max_new_tokens, self.service.settings.max_new_tokens)
         try:
-            result = self.service.loop.submit(EngineRequest("chat", prompt, limit)).result()
+            result = engine_requests.submit(EngineRequest("chat", prompt, limit)).result()
         except InvalidInput as error:
             raise HTTPProblem(413, str(error)) from None
+        except (RequestAbandoned, CancelledError):  # nobody reads this answer any more
+            raise HTTPProblem(504, "the request was abandoned") from None
         text = processor.decode(result.token_ids)
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex}",
@@ -258,9 +263,9 @@ class OcrService:
         from ..model.engine import Engine, EngineConfig
         from ..model.engine.loop import EngineLoop
         from ..model.loading import DEFAULT_MODEL_DIR, load_recognizer
-        from ..pipelines.page_ocr import PageOcr, PageOcrConfig
+        from ..pipelines.layout import make_layout, make_line_splitter
+        from ..pipelines.page_ocr import PageOcrConfig
         from ..pipelines.recognizer import RecognizerConfig
-        from .recognition import SharedEngineRecognizer
 
         torch.set_num_threads(self.settings.threads)
         device, dtype = resolve_device(self.settings.device, self.settings.dtype)
@@ -275,11 +280,21 @@ class OcrService:
                                on_step=_record_engine_step)
         metrics.engine_actor_started(device)
         self.recognizer = recognizer
-        recognizer_config = RecognizerConfig(mode=self.settings.mode, block_size=self.settings.block_size)
-        self.crops = SharedEngineRecognizer(recognizer, recognizer_config.capped(self.settings.max_new_tokens),
-                                            self.loop, max_seq_len=engine_config.max_seq_len)
-        self.page_ocr = PageOcr(self.crops, PageOcrConfig(dpi=self.settings.dpi, layout=self.settings.layout))
+        self.max_seq_len = engine_config.max_seq_len
+        self.crop_config = RecognizerConfig(mode=self.settings.mode, block_size=self.settings.block_size) \
+            .capped(self.settings.max_new_tokens)
+        self.page_config = PageOcrConfig(dpi=self.settings.dpi, layout=self.settings.layout)
+        self.layout = make_layout(self.page_config.layout)
+        self.lines = make_line_splitter(self.page_config.lines)
         self.ready = True
+
+    def page_reader(self, engine_requests: EngineRequests):
+        """A page reader whose crops go to the shared engine as one HTTP request's."""
+        from ..pipelines.page_ocr import PageOcr
+        from .recognition import SharedEngineRecognizer
+
+        crops = SharedEngineRecognizer(self.recognizer, self.crop_config, engine_requests, self.max_seq_len)
+        return PageOcr(crops, self.page_config, layout=self.layout, lines=self.lines)
 
     # --- plumbing shared by the endpoints ------------------------------------------------
 
@@ -293,7 +308,10 @@ class OcrService:
 
     async def _guarded(self, endpoint: str, request: Request, work):
         """Auth, the replica's concurrency bound (503 + Retry-After, never a hang), the request
-        timeout (504), and latency metrics, around `work()` run off the event loop."""
+        timeout (504), and latency metrics, around `work.run` off the event loop. On a
+        timeout or a client disconnect (Serve cancels the handler) the request's engine work
+        is withdrawn: the thread running `work.run` cannot be stopped, but its crops leave
+        the engine at the next round and it ends without decoding the rest."""
         started = time.perf_counter()
         status = 500
         try:
@@ -302,12 +320,18 @@ class OcrService:
                 raise HTTPProblem(503, "the server is at capacity; retry later",
                                   {"Retry-After": str(self.settings.retry_after_s)})
             self.in_flight += 1
+            engine_requests = EngineRequests(self.loop)
             try:
                 prepared = await work.prepare(request)
-                body = await asyncio.wait_for(asyncio.to_thread(work.run, prepared),
+                body = await asyncio.wait_for(asyncio.to_thread(work.run, prepared, engine_requests),
                                               timeout=self.settings.request_timeout_s)
             except asyncio.TimeoutError:
+                engine_requests.abandon()
                 raise HTTPProblem(504, f"the request took longer than {self.settings.request_timeout_s:g} s") from None
+            except asyncio.CancelledError:
+                engine_requests.abandon()
+                status = CLIENT_CLOSED_REQUEST
+                raise
             finally:
                 self.in_flight -= 1
             status = 200
@@ -349,6 +373,7 @@ class OcrService:
         stats = self.loop.stats()
         return {"batches_run": stats.batches_run, "rounds": stats.rounds, "batch_size": stats.batch_size,
                 "waiting": stats.waiting, "peak_batch_size": self.loop.peak_batch_size,
+                "finished_requests": stats.finished_requests, "aborted_requests": stats.aborted_requests,
                 "committed_tokens": stats.committed_tokens, "forward_passes": stats.forward_passes}
 
 

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+from concurrent.futures import CancelledError
+
 from ..model.engine import Request
 from ..model.processor import InvalidInput
 from ..pipelines.recognizer import CropRecognizer, CropResult
+from .engine_requests import EngineRequests, RequestAbandoned
 
 
 class SharedEngineRecognizer(CropRecognizer):
     """A `CropRecognizer` whose crops go to a long-lived `EngineLoop`, so the crops of
     concurrent HTTP requests are decoded in the same batches."""
 
-    def __init__(self, recognizer, config, loop, max_seq_len: int):
+    def __init__(self, recognizer, config, engine_requests: EngineRequests, max_seq_len: int):
         super().__init__(recognizer, config)
-        self.loop = loop
+        self.engine_requests = engine_requests
         self.max_seq_len = max_seq_len
 
     def _decode(self, jobs) -> dict[int, CropResult]:
@@ -25,10 +28,16 @@ class SharedEngineRecognizer(CropRecognizer):
                 results[job.index] = CropResult("", error=f"crop needs {job.prompt.length} prompt tokens, more than "
                                                           f"the engine's {self.max_seq_len}")
                 continue
-            futures[job.index] = self.loop.submit(Request(str(job.index), job.prompt, budget))
+            try:
+                futures[job.index] = self.engine_requests.submit(Request(str(job.index), job.prompt, budget))
+            except RequestAbandoned as error:
+                results[job.index] = CropResult("", error=str(error))
         for index, future in futures.items():
             try:
                 finished = future.result()
+            except CancelledError:
+                results[index] = CropResult("", error="the HTTP request was abandoned")
+                continue
             except (InvalidInput, ValueError) as error:
                 results[index] = CropResult("", error=str(error))
                 continue

@@ -26,7 +26,7 @@ class ServeSettings:
     dtype: str | None = None  # overrides the device's default dtype
     max_upload_bytes: int = 20 * 1024 * 1024
     max_pages: int = 20
-    request_timeout_s: float = 120.0
+    request_timeout_s: float = 120.0  # then 504, and the request's crops leave the engine
     max_concurrent_requests: int = 32  # per replica; more answers 503 with Retry-After
     retry_after_s: int = 2
     allowed_buckets: list[str] = field(default_factory=list)  # s3:// sources a request may name

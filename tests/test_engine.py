@@ -208,6 +208,80 @@ def test_generate_refuses_a_busy_engine_and_duplicate_ids(model, eos, prompt_poo
         engine.generate([Request("b", prompt_pool[1], 4)])
 
 
+@pytest.mark.parametrize("mode", ["spec", "ar"])
+def test_aborted_requests_leave_and_the_others_stay_exact(model, eos, prompt_pool, greedy_outputs, mode):
+    """Aborting a running sequence from a middle slot (the last slot's sequence and its KV
+    move into it) and a waiting one: they never come back, every other request is still
+    exactly greedy, and the slot cache still holds only committed tokens' KV."""
+    engine = engine_for(model, eos, max_batch_size=3, block_size=8, mode=mode)
+    requests = [(Request(f"a{i}", prompt_pool[i], 40), i) for i in range(6)]  # none ends in one round
+    for request, _ in requests:
+        engine.add_request(request)
+    results = {r.request_id: r for r in engine.step()}
+    running = engine.scheduler.running
+    assert len(running) == 3 and len(engine.scheduler.waiting) == 3
+    middle = running[1].request.request_id
+    last_before = running[2]
+    waiting = engine.scheduler.waiting[1].request.request_id
+    assert engine.abort(middle) and engine.abort(waiting)
+    assert not engine.abort(middle) and not engine.abort("never-added")
+    assert [s.slot for s in engine.scheduler.running] == [0, 1]
+    assert engine.scheduler.running[1] is last_before  # moved into the freed slot
+    for sequence in engine.scheduler.running:
+        assert engine.runner.cache.lengths[sequence.slot] == sequence.prompt_len + len(sequence.tokens) - 1
+        reference = reference_kv(model, sequence.request.prompt, sequence.tokens)
+        keys, _ = engine.runner.cache.slot_kv(sequence.slot, 0)
+        torch.testing.assert_close(keys, reference.layers[0].keys[0], rtol=0, atol=1e-10)
+    while engine.has_work():
+        results.update((r.request_id, r) for r in engine.step())
+    assert set(results) == {r.request_id for r, _ in requests} - {middle, waiting}
+    for request, index in requests:
+        if request.request_id in results:
+            assert results[request.request_id].token_ids == expected(greedy_outputs, index, request.max_new_tokens)
+    stats = engine.stats()
+    assert (stats.aborted_requests, stats.finished_requests, stats.batch_size, stats.waiting) == (2, 4, 0, 0)
+    [again] = engine.generate([Request(middle, prompt_pool[0], 5)])  # an aborted id may be used again
+    assert again.token_ids == expected(greedy_outputs, 0, 5)
+
+
+def test_loop_withdraws_cancelled_requests_waiting_or_running(model, eos, prompt_pool, greedy_outputs):
+    """`future.cancel()` on an `EngineLoop` request drops it from the engine (running) or
+    before admission (still queued); the others finish exactly greedy."""
+    import threading
+
+    from gravityocr.model.engine.loop import EngineLoop
+
+    long_index = next(i for i, tokens in enumerate(greedy_outputs)
+                      if len(tokens) == REFERENCE_MAX_NEW and not set(tokens) & eos)
+    first_step, gate = threading.Event(), threading.Event()
+
+    def hold_after_first_step(stats, finished):
+        first_step.set()
+        gate.wait(60)
+
+    loop = EngineLoop(lambda: engine_for(model, eos, max_batch_size=4, block_size=4), on_step=hold_after_first_step)
+    try:
+        running = loop.submit(Request("long", prompt_pool[long_index], REFERENCE_MAX_NEW))
+        other = loop.submit(Request("other", prompt_pool[0], 20))
+        assert first_step.wait(60)
+        queued = loop.submit(Request("queued", prompt_pool[1], 20))  # the loop thread is held: not admitted
+        assert running.cancel() and queued.cancel()
+        gate.set()
+        assert other.result(60).token_ids == expected(greedy_outputs, 0, 20)
+        for _ in range(600):
+            stats = loop.stats()
+            if stats.aborted_requests == 2 and stats.batch_size == stats.waiting == 0:
+                break
+            threading.Event().wait(0.1)
+        assert (stats.aborted_requests, stats.finished_requests, stats.batch_size, stats.waiting) == (2, 1, 0, 0)
+        assert running.cancelled() and queued.cancelled()
+        again = loop.submit(Request("after", prompt_pool[long_index], 9))  # the loop keeps serving
+        assert again.result(60).token_ids == expected(greedy_outputs, long_index, 9)
+    finally:
+        gate.set()
+        loop.stop()
+
+
 def test_bench_decode_prints_rows_and_peers(model, processor, tmp_path, capsys):
     """`gravityocr bench decode` runs end to end on saved weights (figures are not judged)."""
     import json

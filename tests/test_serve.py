@@ -6,6 +6,7 @@ import base64
 import concurrent.futures
 import io
 import json
+import time
 
 import httpx
 import pytest
@@ -19,7 +20,7 @@ from gravityocr.pipelines.recognizer import CropRecognizer, RecognizerConfig
 from gravityocr.serve.app import build_app
 from gravityocr.serve.settings import ServeSettings
 
-from conftest import OVERFIT_TEXTS, random_image
+from conftest import OVERFIT_TEXTS, make_tiny_model, random_image
 from s3_endpoint import CREDENTIALS
 from ports import free_port
 
@@ -203,3 +204,104 @@ def test_page_count_limit(served):
     response = httpx.post(f"{served['url']}/strict/v1/ocr", files={"file": ("two.pdf", pdf, "application/pdf")},
                           timeout=60)
     assert response.status_code == 413 and "limit is 1" in response.text
+
+
+LONG_DECODE = 4000  # new tokens per crop: seconds of decoding for the tiny model (5-7 s measured here)
+
+
+@pytest.fixture(scope="module")
+def never_ending_model(tokenizer, processor, tmp_path_factory) -> str:
+    """A random model that never writes eos (its eos logit is pinned at 0, below the best of
+    170 random logits), so every crop decodes to its budget."""
+    model = make_tiny_model(tokenizer, seed=5, dtype=torch.float32)
+    with torch.no_grad():
+        model.lm_head.weight[tokenizer.eos_token_id] = 0
+    model_dir = tmp_path_factory.mktemp("never-ending-model")
+    save_recognizer(Recognizer(model, processor), model_dir)
+    return str(model_dir)
+
+
+@pytest.fixture(scope="module")
+def never_ending(served, never_ending_model):
+    """Apps on that model: one with a 1 s request timeout, one that waits long enough for
+    its client to give up first."""
+    from ray import serve
+
+    options = {"ray_actor_options": {"num_cpus": 0.25}}
+    common = dict(model=never_ending_model, max_new_tokens=LONG_DECODE, max_seq_len=4096)
+    serve.run(build_app(ServeSettings(**common, request_timeout_s=1), options), name="hasty", route_prefix="/hasty")
+    serve.run(build_app(ServeSettings(**common, request_timeout_s=600), options), name="patient",
+              route_prefix="/patient")
+    return {"hasty": served["url"] + "/hasty", "patient": served["url"] + "/patient"}
+
+
+def _engine_when_idle(url: str) -> dict:
+    for _ in range(600):
+        stats = httpx.get(f"{url}/v1/engine/stats", timeout=30).json()
+        if stats["batch_size"] == 0 and stats["waiting"] == 0:
+            return stats
+        time.sleep(0.2)
+    raise AssertionError(f"the engine never went idle: {stats}")
+
+
+def test_a_timed_out_request_leaves_the_engine(never_ending):
+    """After a 504 the request's engine work is withdrawn, not decoded to its end."""
+    url = never_ending["hasty"]
+    response = _chat(url, random_image(7, 84, 56))
+    assert response.status_code == 504, response.text
+    stats = _engine_when_idle(url)
+    assert (stats["aborted_requests"], stats["finished_requests"]) == (1, 0), stats
+
+
+def test_a_request_whose_client_goes_away_leaves_the_engine(never_ending):
+    """Serve cancels the handler of a request whose client disconnected; its engine work
+    goes with it (this app's timeout is far off)."""
+    url = never_ending["patient"]
+    body = {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": _data_url(random_image(9, 84, 56))}}]}]}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{url}/v1/chat/completions", json=body, timeout=1.5)
+    stats = _engine_when_idle(url)
+    assert (stats["aborted_requests"], stats["finished_requests"]) == (1, 0), stats
+    assert httpx.get(f"{url}/readyz", timeout=30).status_code == 200
+
+
+def test_abandoned_page_crops_come_back_as_errors_and_leave_the_engine(never_ending_model):
+    """The document route's crops: abandoning the HTTP request withdraws the crops being
+    decoded, and the page reader's thread ends with an error per crop instead of decoding."""
+    import threading
+
+    from gravityocr.model.engine import Engine, EngineConfig
+    from gravityocr.model.engine.loop import EngineLoop
+    from gravityocr.serve.engine_requests import EngineRequests, RequestAbandoned
+    from gravityocr.serve.recognition import SharedEngineRecognizer
+
+    recognizer = load_recognizer(never_ending_model)
+    eos = recognizer.processor.eos_token_ids
+    loop = EngineLoop(lambda: Engine(recognizer.model, EngineConfig(max_batch_size=4, max_seq_len=4096), eos))
+    try:
+        engine_requests = EngineRequests(loop)
+        config = RecognizerConfig(max_new_tokens={"text": LONG_DECODE, "table": LONG_DECODE, "formula": LONG_DECODE})
+        crops = SharedEngineRecognizer(recognizer, config, engine_requests, max_seq_len=4096)
+        results = []
+        reader = threading.Thread(target=lambda: results.extend(
+            crops.recognize([(random_image(20 + i, 84, 56), "text") for i in range(3)])))
+        reader.start()
+        for _ in range(600):
+            if loop.stats().batch_size == 3:
+                break
+            time.sleep(0.05)
+        assert engine_requests.abandon() == 3
+        reader.join(60)
+        assert not reader.is_alive()
+        assert [r.error for r in results] == ["the HTTP request was abandoned"] * 3
+        with pytest.raises(RequestAbandoned):
+            engine_requests.submit(None)
+        for _ in range(600):
+            stats = loop.stats()
+            if stats.batch_size == 0:
+                break
+            time.sleep(0.05)
+        assert (stats.aborted_requests, stats.finished_requests, stats.waiting) == (3, 0, 0)
+    finally:
+        loop.stop()

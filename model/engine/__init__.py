@@ -5,7 +5,8 @@ sequence.py   Request, RequestResult, and one request's running state
 kv_cache.py   the slot cache: per-sequence KV with rollback, preallocated
 scheduler.py  waiting queue and slots: continuous batching
 runner.py     the batched passes: prefill, draft + verify, AR step
-engine.py     Engine: the loop that ties them together
+engine.py     Engine: the loop that ties them together (add, step, abort)
+loop.py       EngineLoop: one engine on a thread of its own, fed by many callers (serving)
 """
 
 from .config import CacheTooLarge, EngineConfig, RequestTooLong

@@ -32,6 +32,7 @@ class EngineStats:
     batch_size: int = 0  # sequences running now
     waiting: int = 0  # requests queued for a slot
     finished_requests: int = 0
+    aborted_requests: int = 0  # dropped by `abort` before they finished (caller gone)
     committed_tokens: int = 0  # all committed tokens, prefill's first token included
     forward_passes: int = 0  # per sequence, as in DecodeStats: TPF = committed / passes
     decode_tokens: int = 0  # tokens committed by decode rounds (not by prefill)
@@ -61,15 +62,30 @@ class Engine:
         self.runner = ModelRunner(self.model, self.config)
         self.scheduler = Scheduler(self.config.max_batch_size)
         self._stats = EngineStats()
-        self._ids: set[str] = set()  # request ids waiting or running
+        self._sequences: dict[str, Sequence] = {}  # by request id: waiting or running
 
     # --- the API --------------------------------------------------------------------
 
     def add_request(self, request: Request) -> None:
         """Queue a request; it joins the batch at the start of the next step."""
         self._check(request)
-        self._ids.add(request.request_id)
-        self.scheduler.add(Sequence(request, self.eos_ids, recent_accepted=deque(maxlen=self.config.adaptive_window)))
+        sequence = Sequence(request, self.eos_ids, recent_accepted=deque(maxlen=self.config.adaptive_window))
+        self._sequences[request.request_id] = sequence
+        self.scheduler.add(sequence)
+
+    def abort(self, request_id: str) -> bool:
+        """Drop a waiting or running request (its caller is gone): its slot and KV are
+        freed before the next step, and the other sequences decode on unchanged. False if
+        no such request is waiting or running (already finished, or never added)."""
+        sequence = self._sequences.pop(request_id, None)
+        if sequence is None:
+            return False
+        if sequence.slot < 0:  # not admitted yet
+            self.scheduler.withdraw(sequence)
+        else:
+            self._free_slot(sequence)
+        self._stats.aborted_requests += 1
+        return True
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
@@ -129,7 +145,7 @@ class Engine:
                 f"{request.max_new_tokens} new tokens is {total}, more than the engine's max_seq_len of "
                 f"{self.config.max_seq_len}; use a smaller image or fewer new tokens"
             )
-        if request.request_id in self._ids:
+        if request.request_id in self._sequences:
             raise ValueError(f"request id {request.request_id!r} is already queued or running")
 
     # --- one round --------------------------------------------------------------------
@@ -183,14 +199,17 @@ class Engine:
             finished.append(self._finish(sequence))
 
     def _finish(self, sequence: Sequence) -> RequestResult:
+        self._free_slot(sequence)
+        self._sequences.pop(sequence.request.request_id, None)
+        self._stats.finished_requests += 1
+        return sequence.result(self._decode_text(sequence.tokens))
+
+    def _free_slot(self, sequence: Sequence) -> None:
         self.runner.cache.lengths[sequence.slot] = 0
         moved = self.scheduler.release(sequence)
         if moved is not None:  # the last slot's sequence took the freed slot: its KV follows
             moved_sequence, moved_from = moved
             self.runner.cache.move(moved_from, moved_sequence.slot)
-        self._ids.discard(sequence.request.request_id)
-        self._stats.finished_requests += 1
-        return sequence.result(self._decode_text(sequence.tokens))
 
     def _decode_text(self, token_ids: list[int]) -> str | None:
         if self.tokenizer is None:

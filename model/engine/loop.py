@@ -3,7 +3,9 @@
 An online service gets requests one by one from many concurrent handlers; they all submit
 to one `EngineLoop`, whose thread keeps calling `engine.step()`. A request submitted while
 others decode joins the batch at the next round (continuous batching across callers),
-and each caller waits on its own future.
+and each caller waits on its own future. A caller that gives up cancels its future
+(`future.cancel()`): the request leaves the engine at the next round, so the slot and
+compute go to requests someone still waits for.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 
 from .engine import Engine, EngineStats
 from .sequence import Request, RequestResult
@@ -29,13 +31,15 @@ class EngineLoop:
         self._futures: dict[str, Future] = {}
         self._ids = itertools.count()
         self._stopped = threading.Event()
+        self._cancelled_before_admission = 0
         self.peak_batch_size = 0  # most sequences decoded together in one round so far
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
 
     def submit(self, request: Request) -> Future:
         """Queue `request` (its id is replaced by a unique one); the future resolves to its
-        RequestResult, or raises the engine's error for it (e.g. RequestTooLong)."""
+        RequestResult, or raises the engine's error for it (e.g. RequestTooLong).
+        `future.cancel()` withdraws the request, waiting or running."""
         future: Future = Future()
         if self._stopped.is_set():
             future.set_exception(RuntimeError("the engine loop is stopped"))
@@ -51,6 +55,7 @@ class EngineLoop:
     def stats(self) -> EngineStats:
         stats = self._engine.stats()
         stats.waiting += self._incoming.qsize()
+        stats.aborted_requests += self._cancelled_before_admission
         return stats
 
     def stop(self, timeout: float = 10) -> None:
@@ -64,34 +69,54 @@ class EngineLoop:
             return
         while True:
             request, future = item
-            try:
-                self._engine.add_request(request)
-                self._futures[request.request_id] = future
-            except Exception as error:  # noqa: BLE001 - refused requests fail alone
-                future.set_exception(error)
+            if future.cancelled():
+                self._cancelled_before_admission += 1
+            else:
+                try:
+                    self._engine.add_request(request)
+                    self._futures[request.request_id] = future
+                except Exception as error:  # noqa: BLE001 - refused requests fail alone
+                    _resolve(future, error=error)
             try:
                 item = self._incoming.get_nowait()
             except queue.Empty:
                 return
 
+    def _abort_cancelled(self) -> None:
+        for request_id in [i for i, future in self._futures.items() if future.cancelled()]:
+            self._engine.abort(request_id)
+            del self._futures[request_id]
+
     def _run(self) -> None:
         while not self._stopped.is_set():
             self._admit(block=not self._engine.has_work())
+            self._abort_cancelled()
             if not self._engine.has_work():
                 continue
             try:
                 finished = self._engine.step()
             except Exception as error:  # noqa: BLE001 - fail this batch, keep serving
                 for future in self._futures.values():
-                    future.set_exception(error)
+                    _resolve(future, error=error)
                 self._futures.clear()
                 self._engine = self._factory()
                 continue
             # The round ran over the sequences still running plus those it just finished.
             self.peak_batch_size = max(self.peak_batch_size, self._engine.stats().batch_size + len(finished))
             for result in finished:
-                self._futures.pop(result.request_id).set_result(result)
+                _resolve(self._futures.pop(result.request_id), result=result)
             if self._on_step:
                 self._on_step(self.stats(), finished)
         for future in self._futures.values():
-            future.set_exception(RuntimeError("the engine loop stopped"))
+            _resolve(future, error=RuntimeError("the engine loop stopped"))
+
+
+def _resolve(future: Future, result=None, error: BaseException | None = None) -> None:
+    """Settle a future unless its caller cancelled it meanwhile (cancel() races the loop)."""
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+    except InvalidStateError:
+        pass

@@ -35,6 +35,10 @@ class Scheduler:
             admitted.append(sequence)
         return admitted
 
+    def withdraw(self, sequence: Sequence) -> None:
+        """Take a sequence that was never admitted out of the queue."""
+        self.waiting = deque(s for s in self.waiting if s is not sequence)
+
     def release(self, sequence: Sequence) -> tuple[Sequence, int] | None:
         """Free `sequence`'s slot; if another sequence moved into it, return that one and
         the slot it left (its KV must follow)."""

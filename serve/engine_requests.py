@@ -1,0 +1,42 @@
+"""The engine requests of one HTTP request, withdrawn together when that request is
+abandoned. Imports nothing heavy: the app module uses it at import time."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..model.engine import Request
+    from ..model.engine.loop import EngineLoop
+
+
+class RequestAbandoned(Exception):
+    """The HTTP request these engine requests belong to timed out or lost its client."""
+
+
+class EngineRequests:
+    """The engine requests of one HTTP request. `abandon()` (on a timeout or a client
+    disconnect) cancels those still waiting or decoding and refuses new ones, so the work
+    of an answer nobody will read stops taking engine slots at the next round."""
+
+    def __init__(self, loop: EngineLoop):
+        self.loop = loop
+        self._futures: list[Future] = []
+        self._lock = threading.Lock()
+        self._abandoned = False
+
+    def submit(self, request: Request) -> Future:
+        with self._lock:
+            if self._abandoned:
+                raise RequestAbandoned("the HTTP request was abandoned (timed out or its client went away)")
+            future = self.loop.submit(request)
+            self._futures.append(future)
+            return future
+
+    def abandon(self) -> int:
+        """Withdraw every unfinished request; returns how many were withdrawn."""
+        with self._lock:
+            self._abandoned = True
+            return sum(future.cancel() for future in self._futures)
