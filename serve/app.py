@@ -5,7 +5,8 @@ Each replica owns one engine on a thread of its own (`EngineLoop`); every reques
 are submitted to it, so concurrent requests share engine batches and a request arriving
 mid-decode joins the next round. Endpoints:
   POST /v1/ocr               a document (multipart, base64 JSON, or an allow-listed s3:// URI)
-  POST /v1/chat/completions  OpenAI-compatible, one image as a data: URL, as vLLM serves GLM-OCR
+  POST /v1/chat/completions  OpenAI-compatible, one image as a data: URL, as vLLM serves GLM-OCR;
+                             `stream: true` answers server-sent events, a chunk per decode round
   GET  /healthz, /readyz     process up; model loaded
 """
 
@@ -21,11 +22,12 @@ from concurrent.futures import CancelledError
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 
 from .. import metrics
 from . import schemas
+from .chat_stream import ChatStream, error_event
 from .engine_requests import EngineRequests, RequestAbandoned
 from .settings import ServeSettings
 
@@ -188,8 +190,10 @@ class _ChatWork:
 
     def __init__(self, service: "OcrService"):
         self.service = service
+        self.event_loop: asyncio.AbstractEventLoop | None = None
 
     async def prepare(self, request: Request) -> schemas.ChatCompletionRequest:
+        self.event_loop = asyncio.get_running_loop()  # a stream's tokens are handed to it
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if content_type != "application/json":
             raise HTTPProblem(415, "chat completions take application/json")
@@ -199,7 +203,7 @@ class _ChatWork:
         except ValueError as error:
             raise HTTPProblem(422, f"invalid chat completion request: {error}") from None
 
-    def run(self, chat: schemas.ChatCompletionRequest, engine_requests: EngineRequests) -> dict:
+    def run(self, chat: schemas.ChatCompletionRequest, engine_requests: EngineRequests) -> dict | ChatStream:
         from ..model.engine import Request as EngineRequest
         from ..model.processor import InvalidInput
         from ..pipelines.documents import DocumentError, open_document
@@ -225,6 +229,16 @@ class _ChatWork:
         except InvalidInput as error:
             raise HTTPProblem(422, str(error)) from None
         limit = min(chat.max_tokens or self.service.settings.max_new_tokens, self.service.settings.max_new_tokens)
+        if prompt.length + limit > self.service.max_seq_len:  # refused now, before a stream answers 200
+            raise HTTPProblem(413, f"the image takes {prompt.length} prompt tokens; with max_tokens {limit} that is "
+                                   f"more than the server's {self.service.max_seq_len}: send a smaller image or "
+                                   "ask for fewer tokens")
+        completion_id, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), chat.model or "gravityocr"
+        if chat.stream:
+            return ChatStream.submit(engine_requests, EngineRequest("chat", prompt, limit), self.event_loop,
+                                     completion_id=completion_id, created=created, model=model,
+                                     prompt_tokens=prompt.length, task=task,
+                                     include_usage=bool((chat.stream_options or {}).get("include_usage")))
         try:
             result = engine_requests.submit(EngineRequest("chat", prompt, limit)).result()
         except InvalidInput as error:
@@ -233,10 +247,10 @@ class _ChatWork:
             raise HTTPProblem(504, "the request was abandoned") from None
         text = processor.decode(result.token_ids)
         return {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "id": completion_id,
             "object": "chat.completion",
-            "created": int(time.time()),
-            "model": chat.model or "gravityocr",
+            "created": created,
+            "model": model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                          "finish_reason": "stop" if result.finish_reason == "eos" else "length"}],
             "usage": {"prompt_tokens": prompt.length, "completion_tokens": len(result.token_ids),
@@ -311,15 +325,17 @@ class OcrService:
         timeout (504), and latency metrics, around `work.run` off the event loop. On a
         timeout or a client disconnect (Serve cancels the handler) the request's engine work
         is withdrawn: the thread running `work.run` cannot be stopped, but its crops leave
-        the engine at the next round and it ends without decoding the rest."""
+        the engine at the next round and it ends without decoding the rest. A chat stream
+        is handed to `_stream_response`, which then owns its slot and latency record."""
         started = time.perf_counter()
-        status = 500
+        status, admitted, streaming = 500, False, False
         try:
             self._authorize(request)
             if self.in_flight >= self.settings.max_concurrent_requests:
                 raise HTTPProblem(503, "the server is at capacity; retry later",
                                   {"Retry-After": str(self.settings.retry_after_s)})
             self.in_flight += 1
+            admitted = True
             engine_requests = EngineRequests(self.loop)
             try:
                 prepared = await work.prepare(request)
@@ -332,15 +348,49 @@ class OcrService:
                 engine_requests.abandon()
                 status = CLIENT_CLOSED_REQUEST
                 raise
-            finally:
-                self.in_flight -= 1
+            if isinstance(body, ChatStream):
+                streaming = True
+                return self._stream_response(endpoint, started, body, engine_requests)
             status = 200
             return body
         except HTTPProblem as problem:
             status = problem.status
             raise
         finally:
-            _record_latency(endpoint, status, time.perf_counter() - started)
+            if not streaming:
+                if admitted:
+                    self.in_flight -= 1
+                _record_latency(endpoint, status, time.perf_counter() - started)
+
+    def _stream_response(self, endpoint: str, started: float, stream: ChatStream,
+                         engine_requests: EngineRequests) -> StreamingResponse:
+        """The stream holds its slot of the concurrency bound until its engine request is
+        settled (finished, failed or withdrawn): that happens even if the response body is
+        never iterated, so a client gone before the first byte cannot leak the slot."""
+        event_loop = asyncio.get_running_loop()
+        stream.future.add_done_callback(lambda _: event_loop.call_soon_threadsafe(self._release_slot))
+
+        async def body():
+            status = CLIENT_CLOSED_REQUEST
+            try:
+                async for line in stream.events(self.recognizer.processor.decode,
+                                                started + self.settings.request_timeout_s):
+                    yield line
+                status = 200
+            except TimeoutError:
+                status = 504
+                yield error_event(504, f"the request took longer than {self.settings.request_timeout_s:g} s")
+            except Exception as error:  # noqa: BLE001 - the engine failed this request: said in the stream
+                status = 500
+                yield error_event(500, f"{type(error).__name__}: {error}")
+            finally:  # also on a client disconnect (CancelledError or GeneratorExit here)
+                engine_requests.abandon()
+                _record_latency(endpoint, status, time.perf_counter() - started)
+
+        return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+    def _release_slot(self) -> None:
+        self.in_flight -= 1
 
     # --- endpoints ----------------------------------------------------------------------
 

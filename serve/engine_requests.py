@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..model.engine import Request
-    from ..model.engine.loop import EngineLoop
+    from ..model.engine.loop import EngineLoop, TokenListener
 
 
 class RequestAbandoned(Exception):
@@ -27,11 +27,11 @@ class EngineRequests:
         self._lock = threading.Lock()
         self._abandoned = False
 
-    def submit(self, request: Request) -> Future:
+    def submit(self, request: Request, on_tokens: TokenListener | None = None) -> Future:
         with self._lock:
             if self._abandoned:
                 raise RequestAbandoned("the HTTP request was abandoned (timed out or its client went away)")
-            future = self.loop.submit(request)
+            future = self.loop.submit(request, on_tokens)
             self._futures.append(future)
             return future
 

@@ -59,6 +59,8 @@ class ChatCompletionRequest(BaseModel):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    stream: bool = False  # server-sent events, a chunk per decode round
+    stream_options: dict[str, Any] | None = None  # {"include_usage": true} adds a usage chunk
 
     @model_validator(mode="after")
     def _merge_token_limits(self):

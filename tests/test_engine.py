@@ -282,6 +282,27 @@ def test_loop_withdraws_cancelled_requests_waiting_or_running(model, eos, prompt
         loop.stop()
 
 
+def test_loop_streams_each_rounds_tokens_before_the_result(model, eos, prompt_pool, greedy_outputs):
+    """`on_tokens` gets the committed tokens round by round (a speculative round commits
+    several), all of them before the future resolves; joined, they are the greedy output."""
+    from gravityocr.model.engine.loop import EngineLoop
+
+    loop = EngineLoop(lambda: engine_for(model, eos, max_batch_size=4, block_size=8))
+    try:
+        chunks: dict[int, list[list[int]]] = {index: [] for index in range(4)}
+        futures = {index: loop.submit(Request(f"s{index}", prompt_pool[index], REFERENCE_MAX_NEW),
+                                      on_tokens=chunks[index].append) for index in range(4)}
+        for index, future in futures.items():
+            result = future.result(60)
+            streamed = [token for chunk in chunks[index] for token in chunk]
+            assert streamed == result.token_ids == expected(greedy_outputs, index, REFERENCE_MAX_NEW)
+            assert all(chunks[index])
+        assert any(len(chunk) > 1 for index in chunks for chunk in chunks[index][1:])  # rounds with accepted drafts
+        assert max(len(c) for c in chunks.values()) > 2
+    finally:
+        loop.stop()
+
+
 def test_bench_decode_prints_rows_and_peers(model, processor, tmp_path, capsys):
     """`gravityocr bench decode` runs end to end on saved weights (figures are not judged)."""
     import json

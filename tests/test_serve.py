@@ -305,3 +305,89 @@ def test_abandoned_page_crops_come_back_as_errors_and_leave_the_engine(never_end
         assert (stats.aborted_requests, stats.finished_requests, stats.waiting) == (3, 0, 0)
     finally:
         loop.stop()
+
+
+def _sse_events(response) -> list:
+    """The JSON payloads of a server-sent event stream, "[DONE]" kept as a string."""
+    events = []
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            payload = line[len("data: "):]
+            events.append(payload if payload == "[DONE]" else json.loads(payload))
+    return events
+
+
+def test_openai_client_streams_a_memorised_crop_round_by_round(served):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{served['url']}/v1", api_key="unused")
+    for index, (text, prompt) in enumerate(zip(OVERFIT_TEXTS, ["Text Recognition:", "Table Recognition:",
+                                                               "Formula Recognition:"])):
+        image = random_image(100 + index, 84 + 28 * index, 56)
+        chunks = list(client.chat.completions.create(model="gravityocr", max_tokens=120, stream=True, messages=[
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": _data_url(image)}},
+                                         {"type": "text", "text": prompt}]}]))
+        pieces = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+        assert "".join(pieces) == text
+        assert chunks[-1].choices[0].finish_reason == "stop"
+        if index == 0:
+            assert len(pieces) >= 2  # several rounds, each sent as it is committed
+
+
+def test_stream_with_usage_ends_with_done_and_counts_tokens(served, tokenizer):
+    body = {"stream": True, "stream_options": {"include_usage": True}, "max_tokens": 120, "messages": [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": _data_url(random_image(100, 84, 56))}},
+                                     {"type": "text", "text": "Text Recognition:"}]}]}
+    with httpx.stream("POST", f"{served['url']}/v1/chat/completions", json=body, timeout=120) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = _sse_events(response)
+    assert events[-1] == "[DONE]"
+    usage = events[-2]["usage"]
+    assert usage["completion_tokens"] == len(tokenizer.encode(OVERFIT_TEXTS[0], add_special_tokens=False)) + 1
+    assert events[-3]["choices"][0]["finish_reason"] == "stop" and events[-3]["gravityocr"]["tokens_per_forward"] > 1
+    assert {e["id"] for e in events[:-1]} == {events[0]["id"]}
+
+
+def _stream_chat(url, image, client_timeout=120):
+    body = {"stream": True, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": _data_url(image)}}]}]}
+    return httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=client_timeout)
+
+
+def test_a_stream_whose_client_goes_away_leaves_the_engine(never_ending):
+    url = never_ending["patient"]
+    before = _engine_when_idle(url)
+    with _stream_chat(url, random_image(10, 84, 56)) as response:
+        lines = response.iter_lines()
+        assert next(lines).startswith("data: ")  # the stream is under way; now the client hangs up
+    stats = _engine_when_idle(url)
+    assert stats["aborted_requests"] == before["aborted_requests"] + 1, stats
+    assert stats["finished_requests"] == before["finished_requests"], stats
+
+
+def test_a_stream_past_the_timeout_ends_with_an_error_event(never_ending):
+    url = never_ending["hasty"]
+    before = _engine_when_idle(url)
+    with _stream_chat(url, random_image(11, 84, 56)) as response:
+        assert response.status_code == 200
+        events = _sse_events(response)
+    assert events[-1] == "[DONE]" and events[-2]["error"]["status"] == 504, events[-2:]
+    assert any(e["choices"][0]["delta"].get("content") for e in events[:-2])  # tokens came before the timeout
+    stats = _engine_when_idle(url)
+    assert stats["aborted_requests"] == before["aborted_requests"] + 1, stats
+    assert stats["finished_requests"] == before["finished_requests"], stats
+
+
+def test_finished_streams_give_their_concurrency_slot_back(served):
+    """The strict app admits one request at a time: after each stream ends, the next is served."""
+    url = served["url"] + "/strict"
+    for seed in (100, 101):
+        with _stream_chat(url, random_image(seed, 84, 56)) as response:
+            assert response.status_code == 200 and _sse_events(response)[-1] == "[DONE]"
+    for _ in range(100):  # the slot is given back on the event loop once the engine request settles
+        reply = _chat(url, random_image(100, 84, 56))
+        if reply.status_code != 503:
+            break
+        time.sleep(0.1)
+    assert reply.status_code == 200, reply.text

@@ -87,6 +87,10 @@ class Engine:
         self._stats.aborted_requests += 1
         return True
 
+    def committed(self, request_id: str) -> list[int]:
+        """The tokens committed so far for a waiting or running request (for streaming)."""
+        return list(self._sequences[request_id].tokens)
+
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 

@@ -5,18 +5,25 @@ to one `EngineLoop`, whose thread keeps calling `engine.step()`. A request submi
 others decode joins the batch at the next round (continuous batching across callers),
 and each caller waits on its own future. A caller that gives up cancels its future
 (`future.cancel()`): the request leaves the engine at the next round, so the slot and
-compute go to requests someone still waits for.
+compute go to requests someone still waits for. A caller that streams passes `on_tokens`:
+it is called on the loop's thread with each round's newly committed tokens, all of them
+before the future resolves.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import queue
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 
 from .engine import Engine, EngineStats
 from .sequence import Request, RequestResult
+
+log = logging.getLogger(__name__)
+TokenListener = Callable[[list[int]], None]
 
 
 class EngineLoop:
@@ -27,8 +34,9 @@ class EngineLoop:
         self._factory = engine_factory
         self._on_step = on_step
         self._engine: Engine = engine_factory()
-        self._incoming: queue.Queue[tuple[Request, Future]] = queue.Queue()
+        self._incoming: queue.Queue[tuple[Request, Future, TokenListener | None]] = queue.Queue()
         self._futures: dict[str, Future] = {}
+        self._listeners: dict[str, tuple[TokenListener, int]] = {}  # request id -> (listener, tokens sent)
         self._ids = itertools.count()
         self._stopped = threading.Event()
         self._cancelled_before_admission = 0
@@ -36,16 +44,17 @@ class EngineLoop:
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
 
-    def submit(self, request: Request) -> Future:
+    def submit(self, request: Request, on_tokens: TokenListener | None = None) -> Future:
         """Queue `request` (its id is replaced by a unique one); the future resolves to its
         RequestResult, or raises the engine's error for it (e.g. RequestTooLong).
-        `future.cancel()` withdraws the request, waiting or running."""
+        `future.cancel()` withdraws the request, waiting or running. `on_tokens`, if given,
+        gets the committed tokens as they come, round by round."""
         future: Future = Future()
         if self._stopped.is_set():
             future.set_exception(RuntimeError("the engine loop is stopped"))
             return future
         request = Request(f"loop-{next(self._ids)}", request.prompt, request.max_new_tokens)
-        self._incoming.put((request, future))
+        self._incoming.put((request, future, on_tokens))
         return future
 
     def generate(self, requests: list[Request], timeout: float | None = None) -> list[RequestResult]:
@@ -68,13 +77,15 @@ class EngineLoop:
         except queue.Empty:
             return
         while True:
-            request, future = item
+            request, future, on_tokens = item
             if future.cancelled():
                 self._cancelled_before_admission += 1
             else:
                 try:
                     self._engine.add_request(request)
                     self._futures[request.request_id] = future
+                    if on_tokens is not None:
+                        self._listeners[request.request_id] = (on_tokens, 0)
                 except Exception as error:  # noqa: BLE001 - refused requests fail alone
                     _resolve(future, error=error)
             try:
@@ -86,6 +97,22 @@ class EngineLoop:
         for request_id in [i for i, future in self._futures.items() if future.cancelled()]:
             self._engine.abort(request_id)
             del self._futures[request_id]
+            self._listeners.pop(request_id, None)
+
+    def _stream(self, finished: list[RequestResult]) -> None:
+        """Hand every listener the tokens committed since it was last called."""
+        final = {result.request_id: result.token_ids for result in finished}
+        for request_id, (listener, sent) in list(self._listeners.items()):
+            tokens = final[request_id] if request_id in final else self._engine.committed(request_id)
+            if len(tokens) > sent:
+                try:
+                    listener(tokens[sent:])
+                except Exception:  # noqa: BLE001 - a broken listener must not stop the engine
+                    log.exception("token listener of %s failed", request_id)
+            if request_id in final:
+                del self._listeners[request_id]
+            else:
+                self._listeners[request_id] = (listener, len(tokens))
 
     def _run(self) -> None:
         while not self._stopped.is_set():
@@ -99,10 +126,12 @@ class EngineLoop:
                 for future in self._futures.values():
                     _resolve(future, error=error)
                 self._futures.clear()
+                self._listeners.clear()
                 self._engine = self._factory()
                 continue
             # The round ran over the sequences still running plus those it just finished.
             self.peak_batch_size = max(self.peak_batch_size, self._engine.stats().batch_size + len(finished))
+            self._stream(finished)
             for result in finished:
                 _resolve(self._futures.pop(result.request_id), result=result)
             if self._on_step:
