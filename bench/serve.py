@@ -2,7 +2,9 @@
 concurrencies, self-speculative vs AR, in one run against a local Ray Serve on 127.0.0.1.
 
 The load is bounded: each level sends at most --requests requests and stops after
---max-seconds, whichever comes first. Requests are chat completions of held-out crops.
+--max-seconds, whichever comes first. Requests are chat completions of held-out crops;
+with --stream they stream (server-sent events) and the time to the first text is reported
+beside the time to the whole answer.
 """
 
 from __future__ import annotations
@@ -51,29 +53,55 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-def load_level(url: str, bodies: list[dict], concurrency: int, requests: int, max_seconds: float) -> dict:
-    latencies, statuses = [], []
+def _streamed(client: httpx.Client, url: str, body: dict) -> tuple[float | None, int]:
+    """Seconds to the first text of a streamed answer, and the status."""
+    start = time.perf_counter()
+    first = None
+    with client.stream("POST", f"{url}/v1/chat/completions", json={**body, "stream": True}) as response:
+        for line in response.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            event = json.loads(line[len("data: "):])
+            if "error" in event:
+                return first, event["error"]["status"]
+            if first is None and any(choice["delta"].get("content") for choice in event.get("choices", [])):
+                first = time.perf_counter() - start
+    return first, response.status_code
+
+
+def load_level(url: str, bodies: list[dict], concurrency: int, requests: int, max_seconds: float,
+               stream: bool = False) -> dict:
+    latencies, firsts, statuses = [], [], []
     deadline = time.monotonic() + max_seconds
     with httpx.Client(timeout=300) as client:
         def one(index: int):
             if time.monotonic() > deadline:
                 return None
             start = time.perf_counter()
-            response = client.post(f"{url}/v1/chat/completions", json=bodies[index % len(bodies)])
-            return time.perf_counter() - start, response.status_code
+            body = bodies[index % len(bodies)]
+            if stream:
+                first, status = _streamed(client, url, body)
+            else:
+                first, status = None, client.post(f"{url}/v1/chat/completions", json=body).status_code
+            return time.perf_counter() - start, first, status
 
         started = time.perf_counter()
         with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
             for outcome in pool.map(one, range(requests)):
                 if outcome:
                     latencies.append(outcome[0])
-                    statuses.append(outcome[1])
+                    firsts.append(outcome[1])
+                    statuses.append(outcome[2])
         elapsed = time.perf_counter() - started
     ok = [lat for lat, status in zip(latencies, statuses) if status == 200]
-    return {"concurrency": concurrency, "requests": len(statuses), "ok": len(ok),
-            "p50_s": round(statistics.median(ok), 4) if ok else None,
-            "p99_s": round(_percentile(ok, 0.99), 4) if ok else None,
-            "requests_per_second": round(len(ok) / elapsed, 3)}
+    row = {"concurrency": concurrency, "requests": len(statuses), "ok": len(ok),
+           "p50_s": round(statistics.median(ok), 4) if ok else None,
+           "p99_s": round(_percentile(ok, 0.99), 4) if ok else None,
+           "requests_per_second": round(len(ok) / elapsed, 3)}
+    if stream:
+        first_ok = [f for f, status in zip(firsts, statuses) if status == 200 and f is not None]
+        row["first_text_p50_s"] = round(statistics.median(first_ok), 4) if first_ok else None
+    return row
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=64, help="requests per level at most")
     parser.add_argument("--max-seconds", type=float, default=120, help="time per level at most")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per replica")
+    parser.add_argument("--stream", action="store_true", help="stream the answers; report time to first text")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
 
@@ -103,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
             url = f"http://127.0.0.1:{port}/{mode}"
             load_level(url, bodies, 1, 2, 60)  # warm-up
             for concurrency in [int(c) for c in args.concurrency.split(",")]:
-                rows.append({"mode": mode, **load_level(url, bodies, concurrency, args.requests, args.max_seconds)})
+                rows.append({"mode": mode, **load_level(url, bodies, concurrency, args.requests, args.max_seconds,
+                                                        args.stream)})
             serve.delete(f"bench-{mode}")
     finally:
         serve.shutdown()
@@ -111,8 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps({"rows": rows}))
     else:
-        print(f"{'mode':>5} {'conc':>5} {'ok/sent':>9} {'p50 s':>8} {'p99 s':>8} {'req/s':>8}")
+        first = f" {'1st text p50':>12}" if args.stream else ""
+        print(f"{'mode':>5} {'conc':>5} {'ok/sent':>9} {'p50 s':>8} {'p99 s':>8} {'req/s':>8}{first}")
         for r in rows:
+            first = f" {r['first_text_p50_s']!s:>12}" if args.stream else ""
             print(f"{r['mode']:>5} {r['concurrency']:>5} {r['ok']:>4}/{r['requests']:<4} {r['p50_s']!s:>8} "
-                  f"{r['p99_s']!s:>8} {r['requests_per_second']:>8}")
+                  f"{r['p99_s']!s:>8} {r['requests_per_second']:>8}{first}")
     return 0

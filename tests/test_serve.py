@@ -391,3 +391,21 @@ def test_finished_streams_give_their_concurrency_slot_back(served):
             break
         time.sleep(0.1)
     assert reply.status_code == 200, reply.text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_bench_serve_load_level_counts_answers_and_first_text(served, stream):
+    """`gravityocr bench serve`'s load loop against the running app (figures are not judged,
+    only that they are read right: every answer counted, first text never after the whole)."""
+    from gravityocr.bench.serve import load_level
+
+    body = {"model": "gravityocr", "max_tokens": 120, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": _data_url(random_image(100, 84, 56))}},
+        {"type": "text", "text": "Text Recognition:"}]}]}
+    row = load_level(served["url"], [body], concurrency=2, requests=4, max_seconds=120, stream=stream)
+    assert (row["requests"], row["ok"]) == (4, 4)
+    assert 0 < row["p50_s"] <= row["p99_s"]
+    if stream:
+        assert 0 < row["first_text_p50_s"] <= row["p99_s"]
+    else:
+        assert "first_text_p50_s" not in row
