@@ -414,7 +414,8 @@ class OcrService:
     async def ocr(self, request: Request):
         return await self._guarded(OCR_ROUTE, request, _OcrWork(self))
 
-    @app.post(CHAT_ROUTE, response_model=schemas.ChatCompletionResponse)
+    @app.post(CHAT_ROUTE, response_model=schemas.ChatCompletionResponse, responses={200: {"content": {
+        "text/event-stream": {"description": "with `stream: true`: chat.completion.chunk events, then [DONE]"}}}})
     async def chat_completions(self, request: Request):
         return await self._guarded(CHAT_ROUTE, request, _ChatWork(self))
 

@@ -79,6 +79,8 @@ def test_health_readiness_and_openapi(served):
     assert httpx.get(f"{served['url']}/readyz", timeout=30).json()["status"] == "ready"
     paths = httpx.get(f"{served['url']}/openapi.json", timeout=30).json()["paths"]
     assert {"/v1/ocr", "/v1/chat/completions", "/healthz", "/readyz"} <= set(paths)
+    chat = paths["/v1/chat/completions"]["post"]
+    assert {"application/json", "text/event-stream"} <= set(chat["responses"]["200"]["content"])
 
 
 def test_png_and_two_page_pdf_round_trip_as_the_library_reads_them(served):
