@@ -149,6 +149,7 @@ micro_batch_tokens: 200
 checkpoint_every: 1
 threads: 1
 seed: 3
+temperature: 3.0  # diverse samples whatever the default weights read right: every group informs
 sources:
   - {stage: mono-3-11}
   - {stage: fonts-3-11}
