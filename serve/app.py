@@ -229,10 +229,10 @@ class _ChatWork:
         except InvalidInput as error:
             raise HTTPProblem(422, str(error)) from None
         limit = min(chat.max_tokens or self.service.settings.max_new_tokens, self.service.settings.max_new_tokens)
-        if prompt.length + limit > self.service.max_seq_len:  # refused now, before a stream answers 200
-            raise HTTPProblem(413, f"the image takes {prompt.length} prompt tokens; with max_tokens {limit} that is "
-                                   f"more than the server's {self.service.max_seq_len}: send a smaller image or "
-                                   "ask for fewer tokens")
+        try:  # the engine would refuse it too, but on its thread: after a stream had answered 200
+            self.service.engine_config.check_fits("chat", prompt.length, limit)
+        except InvalidInput as error:
+            raise HTTPProblem(413, str(error)) from None
         completion_id, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), chat.model or "gravityocr"
         if chat.stream:
             return ChatStream.submit(engine_requests, EngineRequest("chat", prompt, limit), self.event_loop,
@@ -294,7 +294,7 @@ class OcrService:
                                on_step=_record_engine_step)
         metrics.engine_actor_started(device)
         self.recognizer = recognizer
-        self.max_seq_len = engine_config.max_seq_len
+        self.engine_config = engine_config
         self.crop_config = RecognizerConfig(mode=self.settings.mode, block_size=self.settings.block_size) \
             .capped(self.settings.max_new_tokens)
         self.page_config = PageOcrConfig(dpi=self.settings.dpi, layout=self.settings.layout)
@@ -307,7 +307,8 @@ class OcrService:
         from ..pipelines.page_ocr import PageOcr
         from .recognition import SharedEngineRecognizer
 
-        crops = SharedEngineRecognizer(self.recognizer, self.crop_config, engine_requests, self.max_seq_len)
+        crops = SharedEngineRecognizer(self.recognizer, self.crop_config, engine_requests,
+                                       self.engine_config.max_seq_len)
         return PageOcr(crops, self.page_config, layout=self.layout, lines=self.lines)
 
     # --- plumbing shared by the endpoints ------------------------------------------------

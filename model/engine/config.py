@@ -48,6 +48,16 @@ class EngineConfig:
         if self.num_threads < 1:
             raise ValueError(f"num_threads must be at least 1, got {self.num_threads}")
 
+    def check_fits(self, request_id: str, prompt_length: int, max_new_tokens: int) -> None:
+        """Raise RequestTooLong if prompt + max_new_tokens cannot finish in one slot."""
+        total = prompt_length + max_new_tokens
+        if total > self.max_seq_len:
+            raise RequestTooLong(
+                f"request {request_id!r}: prompt of {prompt_length} tokens plus {max_new_tokens} new tokens is "
+                f"{total}, more than the engine's max_seq_len of {self.max_seq_len}; use a smaller image or "
+                "fewer new tokens"
+            )
+
     @property
     def slot_capacity(self) -> int:
         """Tokens one slot holds: max_seq_len plus room for the mask tokens of a draft pass

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import EngineConfig, RequestTooLong
+from .config import EngineConfig
 from .runner import ModelRunner
 from .scheduler import Scheduler
 from .sequence import Request, RequestResult, Sequence
@@ -142,13 +142,7 @@ class Engine:
         """Refuse a request that could never finish in its slot, before it is queued."""
         if request.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be at least 1, got {request.max_new_tokens}")
-        total = request.prompt.length + request.max_new_tokens
-        if total > self.config.max_seq_len:
-            raise RequestTooLong(
-                f"request {request.request_id!r}: prompt of {request.prompt.length} tokens plus "
-                f"{request.max_new_tokens} new tokens is {total}, more than the engine's max_seq_len of "
-                f"{self.config.max_seq_len}; use a smaller image or fewer new tokens"
-            )
+        self.config.check_fits(request.request_id, request.prompt.length, request.max_new_tokens)
         if request.request_id in self._sequences:
             raise ValueError(f"request id {request.request_id!r} is already queued or running")
 
