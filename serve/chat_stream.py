@@ -12,6 +12,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from .engine_requests import EngineRequests
+from .stream_text import StreamText
 
 _END = object()  # queued after the last tokens, once the engine request is settled
 
@@ -46,23 +47,16 @@ class ChatStream:
         before the stream ends, and the engine's error if the request failed there.
         A withdrawn request (abandoned) raises concurrent.futures.CancelledError."""
         yield self._chunk({"role": "assistant", "content": ""})
-        tokens: list[int] = []
-        sent = ""
+        text = StreamText(decode)
         while True:
             item = await asyncio.wait_for(self.tokens.get(), timeout=max(0.0, deadline - time.perf_counter()))
             if item is _END:
                 break
-            tokens.extend(item)
-            text = decode(tokens)
-            # Hold back a tail that is not final yet: half a UTF-8 character, or a decode
-            # that rewrote what was already sent (it is sent whole once it settles).
-            if len(text) > len(sent) and text.startswith(sent) and not text.endswith("\ufffd"):
-                yield self._chunk({"content": text[len(sent):]})
-                sent = text
+            if added := text.add(item):
+                yield self._chunk({"content": added})
         result = self.future.result()
-        text = decode(result.token_ids)
-        if len(text) > len(sent) and text.startswith(sent):
-            yield self._chunk({"content": text[len(sent):]})
+        if rest := text.rest(result.token_ids):
+            yield self._chunk({"content": rest})
         finish_reason = "stop" if result.finish_reason == "eos" else "length"
         yield self._chunk({}, finish_reason, gravityocr={
             "tokens_per_forward": result.stats.tokens_per_forward,
