@@ -43,6 +43,8 @@ STATUS_OK = "ok"
 STATUS_ERROR = "error"
 WORKLOAD_BATCH = "batch"  # the batch job (nightly corpus runs)
 WORKLOAD_ONLINE = "online"  # the Serve HTTP API
+ABANDONED_TIMEOUT = "timeout"  # the HTTP request ran past the service's request timeout
+ABANDONED_CLIENT_CLOSED = "client_closed"  # the client hung up before the answer
 
 
 @dataclass(frozen=True)
@@ -108,10 +110,16 @@ REQUEST_LATENCY = MetricSpec(
     PREFIX + "request_latency_seconds", "histogram",
     "Serve request latency in seconds, by endpoint and status (HTTP status code).",
     ("endpoint", "status"), _LATENCY_BOUNDARIES)
+ABANDONED_ENGINE_REQUESTS = MetricSpec(
+    PREFIX + "abandoned_engine_requests", "counter",
+    "Engine requests withdrawn unfinished because their HTTP request was abandoned, by reason "
+    "(timeout or client_closed); their batch slots go to live requests at the next decode round.",
+    ("reason",))
 
 METRICS: tuple[MetricSpec, ...] = (
     DOCUMENTS, PAGES, PAGE_ERRORS, COMMITTED_TOKENS, FORWARD_PASSES, TOKENS_PER_FORWARD,
-    ACCEPTED_DRAFTS, ENGINE_BATCH_SIZE, QUEUE_DEPTH, ENGINE_ACTORS_ALIVE, REQUEST_LATENCY)
+    ACCEPTED_DRAFTS, ENGINE_BATCH_SIZE, QUEUE_DEPTH, ENGINE_ACTORS_ALIVE, REQUEST_LATENCY,
+    ABANDONED_ENGINE_REQUESTS)
 
 METRIC_NAMES: tuple[str, ...] = tuple(spec.name for spec in METRICS)
 
@@ -277,3 +285,9 @@ def engine_actor_stopped(device: str = "cpu") -> None:
 def observe_request_latency(endpoint: str, status: int | str, seconds: float) -> None:
     """One Serve request: its endpoint (route, e.g. "/v1/ocr"), status code and latency."""
     _observe(REQUEST_LATENCY, [seconds], endpoint=endpoint, status=str(status))
+
+
+def record_abandoned_engine_requests(reason: str, count: int) -> None:
+    """`count` engine requests withdrawn because their HTTP request was abandoned
+    (reason ABANDONED_TIMEOUT or ABANDONED_CLIENT_CLOSED)."""
+    _inc(ABANDONED_ENGINE_REQUESTS, count, reason=reason)

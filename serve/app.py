@@ -63,6 +63,10 @@ def _record_latency(endpoint: str, status: int, seconds: float) -> None:
     metrics.observe_request_latency(endpoint, str(status), seconds)
 
 
+def _abandon(engine_requests: EngineRequests, reason: str) -> None:
+    metrics.record_abandoned_engine_requests(reason, engine_requests.abandon())
+
+
 def _record_engine_step(stats, finished) -> None:
     metrics.set_engine_batch_size(stats.batch_size)
     metrics.set_queue_depth(stats.waiting)
@@ -343,10 +347,10 @@ class OcrService:
                 body = await asyncio.wait_for(asyncio.to_thread(work.run, prepared, engine_requests),
                                               timeout=self.settings.request_timeout_s)
             except asyncio.TimeoutError:
-                engine_requests.abandon()
+                _abandon(engine_requests, metrics.ABANDONED_TIMEOUT)
                 raise HTTPProblem(504, f"the request took longer than {self.settings.request_timeout_s:g} s") from None
             except asyncio.CancelledError:
-                engine_requests.abandon()
+                _abandon(engine_requests, metrics.ABANDONED_CLIENT_CLOSED)
                 status = CLIENT_CLOSED_REQUEST
                 raise
             if isinstance(body, ChatStream):
@@ -385,7 +389,9 @@ class OcrService:
                 status = 500
                 yield error_event(500, f"{type(error).__name__}: {error}")
             finally:  # also on a client disconnect (CancelledError or GeneratorExit here)
-                engine_requests.abandon()
+                # After a finished or failed stream nothing is left to withdraw (counts 0).
+                _abandon(engine_requests, metrics.ABANDONED_TIMEOUT if status == 504
+                         else metrics.ABANDONED_CLIENT_CLOSED)
                 _record_latency(endpoint, status, time.perf_counter() - started)
 
         return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

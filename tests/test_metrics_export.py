@@ -49,6 +49,7 @@ def test_every_call_is_a_no_op_without_ray():
         m.record_document(); m.record_page(error_reason="render"); m.record_decode(m.WORKLOAD_BATCH, "text", 30, 4, [12, 14])
         m.set_engine_batch_size(3); m.set_queue_depth(2); m.engine_actor_started("cpu"); m.engine_actor_stopped()
         m.observe_request_latency("/v1/ocr", 200, 0.3)
+        m.record_abandoned_engine_requests(m.ABANDONED_TIMEOUT, 2)
         assert "ray" not in sys.modules, "recording without Ray imported ray"
     """)
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
@@ -83,6 +84,7 @@ EXPORT_SCRIPT = textwrap.dedent("""
     ray.get([engine.step.remote(), page.remote()])
     m.record_document("ok")
     m.observe_request_latency("/v1/ocr", 200, 0.42)
+    m.record_abandoned_engine_requests(m.ABANDONED_CLIENT_CLOSED, 1)
 
     def scrape():
         body = urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10).read().decode()

@@ -6,7 +6,8 @@
 Three dashboards, all on one Prometheus data source (a `datasource` variable):
 - autoscaling: nodes and actors per group, pending resources, Serve replicas, queues;
 - throughput: pages/s, documents/s, tokens/s, forward passes/s, TPF and accepted drafts;
-- latency and errors: request latency by endpoint, error ratios, page errors by reason.
+- latency and errors: request latency by endpoint, error ratios, abandoned engine requests,
+  page errors by reason.
 
 Every query names either a metric defined in `gravityocr.metrics` (exported as
 `ray_gravityocr_*`) or one Ray exports itself, listed in `RAY_METRICS` with where Ray
@@ -68,6 +69,7 @@ BATCH = m.ENGINE_BATCH_SIZE.exported_name
 QUEUE = m.QUEUE_DEPTH.exported_name
 ENGINES = m.ENGINE_ACTORS_ALIVE.exported_name
 LATENCY = m.REQUEST_LATENCY.exported_name
+ABANDONED = m.ABANDONED_ENGINE_REQUESTS.exported_name
 
 
 def query(expr: str, legend: str = "", ref: str = "A") -> Dataquery:
@@ -225,6 +227,11 @@ def latency_and_errors() -> Dashboard:
         .with_panel(timeseries("Serve deployment errors/s", "Exceptions raised in Serve deployments.", "ops",
                                query(rate_sum("ray_serve_deployment_error_counter_total", "deployment"),
                                      "{{deployment}}")))
+        .with_panel(timeseries(
+            "Abandoned engine requests/s",
+            "Engine requests withdrawn unfinished because their HTTP request timed out or its client "
+            "went away, by reason: decoding that would have been thrown away.", "ops",
+            query(rate_sum(ABANDONED, "reason"), "{{reason}}")))
         .with_row(Row("Pages"))
         .with_panel(timeseries("Page errors/s by reason", "Failed pages per second, by reason.", "ops",
                                query(rate_sum(PAGE_ERRORS, "reason"), "{{reason}}")))
