@@ -9,6 +9,10 @@ the KV cache:
   2. verify pass [y, d_2..d_B] under causal attention: the longest draft prefix equal
      to the AR predictions is accepted; y, the accepted drafts and the next AR token (the
      bonus, the next round's x) are committed. KV is kept for committed tokens only.
+The first round needs no draft pass: the prefill runs B masks after the prompt (they see
+the image and prompt and each other, as a block at the start of the response does in
+training), so it yields the first token y_0 and drafts for the tokens after it, and the
+first round is a verify pass [y_0, drafts] alone.
 Every committed token is the argmax of the causal model given the committed tokens
 before it, so the output equals greedy AR decoding of the same weights.
 """
@@ -65,14 +69,33 @@ class _Sequence:
 def prefill(model: GravityOcrForConditionalGeneration, prompt: EncodedPrompt, cache: DynamicCache) -> tuple[torch.Tensor, int]:
     """Run image + prompt through the model into `cache`; returns the last logits and the
     rope position of the first response token."""
+    logits, next_position, _ = prefill_with_drafts(model, prompt, cache, 0)
+    return logits, next_position
+
+
+@torch.no_grad()
+def prefill_with_drafts(model: GravityOcrForConditionalGeneration, prompt: EncodedPrompt, cache: DynamicCache,
+                        block: int) -> tuple[torch.Tensor, int, list[int]]:
+    """`prefill`, with `block` masks after the prompt at the first response positions:
+    they see the prompt and each other, the prompt never sees them, and only the prompt's
+    KV is kept. Also returns the masks' drafts for the tokens after the first one (the
+    first mask drafts the first token, which the prompt's last logits give exactly)."""
     device = model.device
     input_ids = prompt.input_ids.to(device)
+    length = input_ids.shape[1]
     image_embeds = torch.cat(model.encode_images(prompt.pixel_values.to(device), prompt.image_grid_thw.to(device)))
     positions, next_position = model.rope_positions(input_ids, prompt.image_grid_thw.to(device))
+    if block:
+        input_ids = torch.cat([input_ids, torch.full((1, block), model.mask_token_id, device=device)], 1)
+        mask_positions = torch.arange(next_position, next_position + block, device=device).view(1, 1, -1)
+        positions = torch.cat([positions, mask_positions.expand(3, 1, -1)], 2)
     embeds = model.embed(input_ids, image_embeds)
-    mask = causal_attention_mask(0, input_ids.shape[1], device)[None, None]
-    logits = model.logits_from_embeds(embeds, positions, mask, cache)
-    return logits[0, -1], next_position
+    mask = causal_attention_mask(0, length + block, device)
+    mask[length:, length:] = True
+    logits = model.logits_from_embeds(embeds, positions, mask[None, None], cache)
+    if block:
+        cache.crop(-block)
+    return logits[0, length - 1], next_position, logits[0, length + 1:].argmax(-1).tolist()
 
 
 def _step(model, token_ids: list[int], first_position: int, mask: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
@@ -120,10 +143,15 @@ def speculative_decode(model, prompt: EncodedPrompt, max_new_tokens: int, eos_id
     if block_size < 2:
         raise ValueError(f"block_size must be at least 2, got {block_size}")
     cache = DynamicCache(config=model.config.text_config)
-    logits, position = prefill(model, prompt, cache)
+    logits, position, drafts = prefill_with_drafts(model, prompt, cache, first_block(block_size, max_new_tokens))
     sequence = _Sequence(eos_ids, max_new_tokens)
     stats = DecodeStats(forward_passes=1)
     sequence.commit([int(logits.argmax())])
+    if not sequence.finished:  # the first round: verify [y_0, drafts], no draft pass
+        verify_logits = _step(model, sequence.tokens + drafts, position,
+                              causal_attention_mask(cache.get_seq_length(), 1 + len(drafts), model.device), cache)
+        stats.forward_passes += 1
+        _accept(sequence, stats, cache, drafts, verify_logits.argmax(-1).tolist())
     mask_id = model.mask_token_id
     while not sequence.finished:
         x_position = position + len(sequence.tokens) - 1
@@ -145,14 +173,27 @@ def speculative_decode(model, prompt: EncodedPrompt, max_new_tokens: int, eos_id
         verify_logits = _step(model, [y] + drafts, x_position + 1,
                               causal_attention_mask(past + 1, block, model.device), cache)
         stats.forward_passes += 1
-        predictions = verify_logits.argmax(-1).tolist()  # AR token after y, after d_2, ...
-        accepted = 0
-        while accepted < len(drafts) and drafts[accepted] == predictions[accepted]:
-            accepted += 1
-        rejected = len(drafts) - accepted
-        if rejected:
-            cache.crop(-rejected)
-        stats.accepted_per_round.append(accepted)
-        sequence.commit(drafts[:accepted] + [predictions[accepted]])
+        _accept(sequence, stats, cache, drafts, verify_logits.argmax(-1).tolist())
     stats.committed_tokens = len(sequence.tokens)
     return DecodeResult(sequence.tokens, stats)
+
+
+def first_block(block_size: int, max_new_tokens: int) -> int:
+    """Masks the prefill drafts with: as a round's block after the first token, never
+    longer than what may still be committed after it; none if only one token is asked."""
+    return max(2, min(block_size, max_new_tokens - 1)) if max_new_tokens > 1 else 0
+
+
+def _accept(sequence: _Sequence, stats: DecodeStats, cache: DynamicCache, drafts: list[int],
+            predictions: list[int]) -> None:
+    """Commit the longest draft prefix equal to the AR predictions (the AR token after the
+    verify input's first token, after each draft) and the bonus token after it; the
+    cache keeps the KV of committed tokens only."""
+    accepted = 0
+    while accepted < len(drafts) and drafts[accepted] == predictions[accepted]:
+        accepted += 1
+    rejected = len(drafts) - accepted
+    if rejected:
+        cache.crop(-rejected)
+    stats.accepted_per_round.append(accepted)
+    sequence.commit(drafts[:accepted] + [predictions[accepted]])

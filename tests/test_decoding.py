@@ -85,6 +85,23 @@ def test_trained_drafts_are_accepted_and_output_stays_exact(trained_tiny_model, 
         assert max(spec.stats.accepted_per_round) >= 5
 
 
+def test_the_first_round_verifies_the_prefills_drafts_without_a_draft_pass(
+        trained_tiny_model, overfit_samples, tokenizer, monkeypatch):
+    """The prefill carries the first block's masks after the prompt, so the next pass is a
+    verify pass [y_0, drafts] (no mask in it); later rounds draft [x, M x B] as usual."""
+    model, sample, block = trained_tiny_model, overfit_samples[0], 16
+    inputs = []
+    embed = model.embed
+    monkeypatch.setattr(model, "embed", lambda ids, *rest: inputs.append(ids[0].tolist()) or embed(ids, *rest))
+    spec = speculative_decode(model, sample.prompt, 120, {tokenizer.eos_token_id}, block_size=block)
+    mask, length = model.mask_token_id, sample.prompt.length
+    assert inputs[0] == sample.prompt.input_ids[0].tolist() + [mask] * block
+    assert mask not in inputs[1] and inputs[1][0] == spec.token_ids[0] and len(inputs[1]) == block
+    assert spec.stats.accepted_per_round[0] >= 5  # memorised: the prefill's drafts are read right
+    assert inputs[2][1:] == [mask] * block  # the second round drafts from its x
+    assert len(inputs) == spec.stats.forward_passes
+
+
 def test_decoding_rejects_bad_lengths(tiny_model_factory, processor):
     model = tiny_model_factory(0)
     prompt = processor.encode(random_image(0, 56, 56), "text")

@@ -180,6 +180,10 @@ def test_requests_join_between_steps_and_the_cache_holds_only_committed_tokens(
         request = request_of[request_id]
         assert result.token_ids == expected(greedy_outputs, index_of[request_id], request.max_new_tokens)
         assert result.timings.queue_seconds >= 0 and result.timings.decode_seconds >= 0
+        if mode == "spec":  # newcomers verified their prefill's drafts in rounds where others drafted
+            reference = speculative_decode(model, request.prompt, request.max_new_tokens, eos, block_size=8)
+            assert result.stats.accepted_per_round == reference.stats.accepted_per_round
+            assert result.stats.forward_passes == reference.stats.forward_passes
 
 
 def test_over_long_request_is_refused_clearly(model, eos, prompt_pool, greedy_outputs):

@@ -1,8 +1,9 @@
 """The decoding engine: continuous batching of self-speculative (or plain AR) decoding.
 
 One `step()` is one round for every running sequence: admit waiting requests into free
-slots (one batched prefill), then draft + verify every running sequence together (or one
-AR token each), commit, and hand back the sequences that finished. The output of every
+slots (one batched prefill, which also drafts each newcomer's first round), then draft +
+verify every running sequence together (a newcomer verifies its prefill's drafts), or one
+AR token each, commit, and hand back the sequences that finished. The output of every
 request is token for token what `decoding.greedy_decode` writes for it alone.
 
 Single-threaded and synchronous on purpose: a Ray actor or a Serve replica owns one
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..decoding import first_block
 from .config import EngineConfig
 from .runner import ModelRunner
 from .scheduler import Scheduler
@@ -150,25 +152,31 @@ class Engine:
 
     def _prefill(self, newcomers: list[Sequence], finished: list[RequestResult]) -> None:
         start = time.perf_counter()
-        first_tokens = self.runner.prefill(newcomers)
+        blocks = [first_block(self.config.block_size, s.max_new_tokens) if self.config.mode == "spec" else 0
+                  for s in newcomers]
+        first_tokens, drafts = self.runner.prefill(newcomers, blocks)
         elapsed = time.perf_counter() - start
         self._stats.prefill_seconds += elapsed
-        for sequence, token in zip(newcomers, first_tokens):
+        for sequence, token, sequence_drafts in zip(newcomers, first_tokens, drafts):
             sequence.timings.queue_seconds = start - sequence.added_at
             sequence.timings.prefill_seconds = elapsed
             self._count_pass(sequence)
             self._commit(sequence, [token], in_decode=False)
+            sequence.pending_drafts = sequence_drafts
         self._finish_all([s for s in newcomers if s.finished], finished)
 
     def _speculative_round(self, running: list[Sequence]) -> None:
         blocks = [s.next_block(self.config.block_size, self.config.adaptive_block) for s in running]
         output = self.runner.speculative_round(running, blocks)
         for sequence, y, accepted, after_y in zip(running, output.y, output.accepted, output.after_y):
-            self._count_pass(sequence)  # draft
-            self._commit(sequence, [y])
-            if sequence.finished:  # the reference stops here: its verify pass never ran
-                sequence.stats.accepted_per_round.append(0)
-                continue
+            if y is None:  # verified the prefill's drafts: no draft pass of its own
+                sequence.pending_drafts = []
+            else:
+                self._count_pass(sequence)  # draft
+                self._commit(sequence, [y])
+                if sequence.finished:  # the reference stops here: its verify pass never ran
+                    sequence.stats.accepted_per_round.append(0)
+                    continue
             self._count_pass(sequence)  # verify
             sequence.stats.accepted_per_round.append(accepted)
             sequence.recent_accepted.append(accepted)

@@ -21,10 +21,11 @@ from .sequence import Sequence
 
 @dataclass
 class SpeculativeRoundOutput:
-    """Per row: the AR token y, how many drafts were accepted, and what to commit after y
-    (accepted drafts + the bonus token), unless the sequence finishes at y."""
+    """Per row: the AR token y (None for a row that verified drafts it came with, without a
+    draft pass), how many drafts were accepted, and what to commit after y (accepted drafts
+    + the bonus token), unless the sequence finishes at y."""
 
-    y: list[int]
+    y: list[int | None]
     accepted: list[int]
     after_y: list[list[int]]
 
@@ -42,6 +43,17 @@ def _draft_pattern(blocks: torch.Tensor, width: int) -> torch.Tensor:
     b = blocks[:, None, None]
     is_real_mask = (query >= 1) & (query <= b)
     return torch.where(query == 0, key == 0, torch.where(is_real_mask, key <= b, torch.ones_like(is_real_mask)))
+
+
+def _prefill_pattern(lengths: torch.Tensor, blocks: torch.Tensor, width: int) -> torch.Tensor:
+    """(n, width, width) attention in the prefill of [prompt, M x block, padding] rows: the
+    prompt is causal; the masks see the prompt and each other; padding sees what is
+    before it (never seen itself)."""
+    t = torch.arange(width, device=lengths.device)
+    query, key = t[None, :, None], t[None, None, :]
+    length, end = lengths[:, None, None], (lengths + blocks)[:, None, None]
+    is_mask = (query >= length) & (query < end)
+    return torch.where(is_mask, key < end, key <= query)
 
 
 class ModelRunner:
@@ -71,19 +83,22 @@ class ModelRunner:
             as_tensor([s.x_position for s in sequences])
 
     @torch.no_grad()
-    def prefill(self, sequences: list[Sequence]) -> list[int]:
+    def prefill(self, sequences: list[Sequence], blocks: list[int]) -> tuple[list[int], list[list[int]]]:
         """Image + prompt of each newcomer into its slot (images encoded as one batch,
-        prompts right-padded); returns each one's first response token."""
+        prompts right-padded), each followed by its `blocks[i]` masks (none: 0), which see
+        their prompt and each other and whose KV is dropped; returns each one's first
+        response token and the masks' drafts for the tokens after it."""
         model, device = self.model, self.device
         prompts = [s.request.prompt for s in sequences]
         lengths = [p.length for p in prompts]
-        n, width = len(prompts), max(lengths)
+        n, width = len(prompts), max(length + block for length, block in zip(lengths, blocks))
         ids = torch.full((n, width), self.pad_id, dtype=torch.long, device=device)
         positions = torch.zeros(3, n, width, dtype=torch.long, device=device)
         for i, (sequence, prompt) in enumerate(zip(sequences, prompts)):
             prompt_ids = prompt.input_ids.to(device)
             rope, first = model.rope_positions(prompt_ids, prompt.image_grid_thw.to(device))
             ids[i, :prompt.length] = prompt_ids[0]
+            ids[i, prompt.length:prompt.length + blocks[i]] = self.mask_id
             positions[:, i, :prompt.length] = rope[:, 0]
             positions[:, i, prompt.length:] = first + torch.arange(width - prompt.length, device=device)
             sequence.first_position = first
@@ -97,56 +112,75 @@ class ModelRunner:
             raise RuntimeError(f"newcomers must take consecutive slots, got {slots}")
         past = torch.zeros(n, dtype=torch.long, device=device)
         self.cache.plan(past, width, width, first_slot=slots[0])
-        mask = rows_attention_mask(past, _causal(width, device), width)
+        length_tensor = torch.tensor(lengths, dtype=torch.long, device=device)
+        block_tensor = torch.tensor(blocks, dtype=torch.long, device=device)
+        mask = rows_attention_mask(past, _prefill_pattern(length_tensor, block_tensor, width), width)
         self.batched_passes += 1
-        # The LM head runs on each row's last prompt token only: over whole prompts it
-        # would be rows x width x vocabulary logits, gigabytes at GLM-OCR's vocabulary.
+        # The LM head runs on each row's last prompt token and its masks only: over whole
+        # prompts it would be rows x width x vocabulary logits, gigabytes at GLM-OCR's vocabulary.
         hidden = model.model.language_model(
             inputs_embeds=embeds, position_ids=positions, attention_mask=mask, cache=self.cache, use_cache=True,
         ).last_hidden_state
-        last = hidden[torch.arange(n, device=device), torch.tensor(lengths, device=device) - 1]
-        first_tokens = model.lm_head(last).argmax(-1).tolist()
+        # Columns: the last prompt token, then the masks after the first (which drafts the
+        # first token itself); past a row's block they only pad.
+        columns = (length_tensor - 1)[:, None] + torch.cat(
+            [torch.zeros(1, dtype=torch.long, device=device), torch.arange(2, max(max(blocks), 1) + 1, device=device)])
+        picked = hidden.gather(1, columns.clamp(max=width - 1)[..., None].expand(-1, -1, hidden.shape[-1]))
+        rows = model.lm_head(picked).argmax(-1).tolist()  # the one device-to-host transfer
         for slot, length in zip(slots, lengths):
             self.cache.lengths[slot] = length
-        return first_tokens
+        return [row[0] for row in rows], [row[1:block] for row, block in zip(rows, blocks)]
 
     @torch.no_grad()
     def speculative_round(self, sequences: list[Sequence], blocks: list[int]) -> SpeculativeRoundOutput:
         """Draft pass [x, M x b] then verify pass [y, d_2..d_b] for every row, with one
-        device-to-host transfer at the end. Rows that finish at y are verified anyway (the
-        result is ignored) so that no transfer is needed between the two passes."""
+        device-to-host transfer at the end. A row that came with drafts (its prefill's)
+        verifies [x, drafts] instead and its draft-pass row, if the pass runs for others,
+        is ignored; its block is 1 + its drafts. Rows that finish at y are verified anyway
+        (the result is ignored) so that no transfer is needed between the two passes."""
         device, n, width = self.device, len(sequences), max(blocks)
         # Every host-to-device copy of the round happens here, before its first kernel.
         slots, past_host, past, last_tokens, x_positions = self._rows(sequences)
         block_sizes = torch.tensor(blocks, dtype=torch.long, device=device)
+        came_with = [s.pending_drafts for s in sequences]
+        has_drafts = torch.tensor([bool(d) for d in came_with], device=device)
+        given = torch.tensor([d + [self.pad_id] * (width - 1 - len(d)) for d in came_with], dtype=torch.long,
+                             device=device).view(n, width - 1)
         read_len = max(past_host) + 1 + width
         positions = (x_positions[:, None] + torch.arange(1 + width, device=device))[None].expand(3, n, -1)
 
-        draft_ids = torch.cat([last_tokens[:, None], torch.full((n, width), self.mask_id, device=device)], 1)
-        self.cache.plan(past, 1 + width, read_len)
-        draft_mask = rows_attention_mask(past, _draft_pattern(block_sizes, width), read_len)
-        draft_logits = self._logits(draft_ids, positions, draft_mask)
-        y = draft_logits[:, 0].argmax(-1)
-        drafts = draft_logits[:, 2:].argmax(-1)  # d_2..d_width; d_1 drafts y's own position
+        if all(came_with):
+            y, drafts = last_tokens, given
+        else:
+            draft_ids = torch.cat([last_tokens[:, None], torch.full((n, width), self.mask_id, device=device)], 1)
+            self.cache.plan(past, 1 + width, read_len)
+            draft_mask = rows_attention_mask(past, _draft_pattern(block_sizes, width), read_len)
+            draft_logits = self._logits(draft_ids, positions, draft_mask)
+            # d_1 drafts y's own position: drafts are d_2..d_width. A row that came with
+            # drafts verifies from x: x's KV is written again by the verify pass.
+            y = torch.where(has_drafts, last_tokens, draft_logits[:, 0].argmax(-1))
+            drafts = torch.where(has_drafts[:, None], given, draft_logits[:, 2:].argmax(-1))
 
-        # Verify overwrites the masks' KV: only x's is kept from the draft pass.
         verify_ids = torch.cat([y[:, None], drafts], 1)
-        self.cache.plan(past + 1, width, read_len)
-        verify_mask = rows_attention_mask(past + 1, _causal(width, device), read_len)
-        predictions = self._logits(verify_ids, positions[..., 1:], verify_mask).argmax(-1)  # AR token after each
+        verify_past = past + (~has_drafts).long()  # after x, or at x for a row verifying from x
+        self.cache.plan(verify_past, width, read_len)
+        verify_mask = rows_attention_mask(verify_past, _causal(width, device), read_len)
+        verify_positions = positions[..., 1:] - has_drafts.long()[None, :, None]
+        predictions = self._logits(verify_ids, verify_positions, verify_mask).argmax(-1)  # AR token after each
         in_block = torch.arange(width - 1, device=device)[None, :] < (block_sizes - 1)[:, None]
         agrees = (drafts == predictions[:, :-1]) & in_block
         accepted = agrees.long().cumprod(1).sum(1)  # longest agreeing prefix
         rows_out = torch.cat([y[:, None], accepted[:, None], drafts, predictions], 1).tolist()  # the one sync
 
         ys, accepted_counts, after_y = [], [], []
-        for slot, cached, row in zip(slots, past_host, rows_out):
+        for slot, cached, row, drafted_here in zip(slots, past_host, rows_out, came_with):
             a = row[1]
             row_drafts, row_predictions = row[2:1 + width], row[1 + width:]
-            ys.append(row[0])
+            ys.append(None if drafted_here else row[0])
             accepted_counts.append(a)
             after_y.append(row_drafts[:a] + [row_predictions[a]])
-            self.cache.lengths[slot] = cached + 2 + a  # x, y and the accepted drafts
+            # x, y and the accepted drafts; x and the accepted drafts for a row verified from x
+            self.cache.lengths[slot] = cached + (1 if drafted_here else 2) + a
         return SpeculativeRoundOutput(ys, accepted_counts, after_y)
 
     @torch.no_grad()
