@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from ..model.draft_ahead import DraftAhead
 from ..model.engine import Engine, EngineConfig, Request, RequestResult
 from ..model.processor import EncodedPrompt
 
@@ -122,27 +123,31 @@ def compare(model, eos_ids, items, batch_size, type_name, args) -> dict:
     exposes both modes to the same spells of contention."""
     count = max(batch_size, len(items))
     common = dict(max_batch_size=batch_size, block_size=args.block_size, num_threads=args.threads)
-    ar = spec = None
+    modes = {"ar": dict(common, mode="ar"), "spec": dict(common, mode="spec", adaptive_block=args.adaptive)}
+    if args.draft_ahead:
+        modes["ahead"] = dict(common, mode="spec", draft_ahead=DraftAhead(args.draft_ahead))
+    best: dict[str, ModeRun] = {}
     for _ in range(args.repeats):
-        ar_run = run_mode(model, eos_ids, items, count, args.max_new_tokens, dict(common, mode="ar"), args.clock)
-        spec_run = run_mode(model, eos_ids, items, count, args.max_new_tokens,
-                            dict(common, mode="spec", adaptive_block=args.adaptive), args.clock)
-        ar = ar_run if ar is None or ar_run.tokens_per_second > ar.tokens_per_second else ar
-        spec = spec_run if spec is None or spec_run.tokens_per_second > spec.tokens_per_second else spec
-    committed = sum(r.stats.committed_tokens for r in spec.results)
-    passes = sum(r.stats.forward_passes for r in spec.results)
-    rounds = [a for r in spec.results for a in r.stats.accepted_per_round]
-    return {
-        "batch_size": batch_size,
-        "type": type_name,
-        "requests": count,
-        "ar_tok_s": round(ar.tokens_per_second, 1),
-        "spec_tok_s": round(spec.tokens_per_second, 1),
-        "speedup": round(spec.tokens_per_second / ar.tokens_per_second, 3) if ar.tokens_per_second else None,
-        "tpf": round(committed / passes, 3) if passes else 0.0,
-        "accepted_per_round": round(statistics.fmean(rounds), 2) if rounds else 0.0,
-        "exact": all(s.token_ids == a.token_ids for s, a in zip(spec.results, ar.results)),
-    }
+        for name, settings in modes.items():
+            run = run_mode(model, eos_ids, items, count, args.max_new_tokens, settings, args.clock)
+            if name not in best or run.tokens_per_second > best[name].tokens_per_second:
+                best[name] = run
+    ar = best["ar"]
+    row = {"batch_size": batch_size, "type": type_name, "requests": count,
+           "ar_tok_s": round(ar.tokens_per_second, 1)}
+    for name in modes.keys() - {"ar"}:
+        run = best[name]
+        prefix = "" if name == "spec" else "ahead_"
+        committed = sum(r.stats.committed_tokens for r in run.results)
+        passes = sum(r.stats.forward_passes for r in run.results)
+        rounds = [a for r in run.results for a in r.stats.accepted_per_round]
+        row[f"{name}_tok_s"] = round(run.tokens_per_second, 1)
+        row[f"{prefix}speedup"] = round(run.tokens_per_second / ar.tokens_per_second, 3) if ar.tokens_per_second else None
+        row[f"{prefix}tpf"] = round(committed / passes, 3) if passes else 0.0
+        row[f"{prefix}accepted_per_round"] = round(statistics.fmean(rounds), 2) if rounds else 0.0
+    row["exact"] = all(s.token_ids == a.token_ids for name in modes.keys() - {"ar"}
+                       for s, a in zip(best[name].results, ar.results))
+    return row
 
 
 def _hf_generate(model, prompt: EncodedPrompt, max_new_tokens: int, eos_id: int, pad_id: int, **options) -> list[int]:
@@ -198,6 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-sizes", default="1,8,32,64", help="comma-separated (default 1,8,32,64)")
     parser.add_argument("--block-size", type=int, default=32)
     parser.add_argument("--adaptive", action="store_true", help="per-request draft block from its acceptance")
+    parser.add_argument("--draft-ahead", type=int, default=0, metavar="L",
+                        help="also run draft-ahead rounds with blocks of L masks (one pass per round), side by side")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--limit", type=int, help="only the first N items")
     parser.add_argument("--max-new-tokens", type=int, default=256)
@@ -214,12 +221,19 @@ def _print_table(report: dict) -> None:
     print(f"model: {report['model']}")
     print(f"data: {report['data']}")
     print("settings: " + ", ".join(f"{k}={v}" for k, v in report["settings"].items()))
-    header = f"{'batch':>5} {'type':<8} {'req':>4} {'AR tok/s':>9} {'spec tok/s':>10} {'speed-up':>8} {'TPF':>6} {'acc/round':>9}  exact"
-    print(header)
+    ahead = any("ahead_tok_s" in row for row in report["rows"])
+    header = f"{'batch':>5} {'type':<8} {'req':>4} {'AR tok/s':>9} {'spec tok/s':>10} {'speed-up':>8} {'TPF':>6} {'acc/round':>9}"
+    if ahead:
+        header += f" {'ahead tok/s':>11} {'speed-up':>8} {'TPF':>6} {'acc/round':>9}"
+    print(header + "  exact")
     for row in report["rows"]:
-        print(f"{row['batch_size']:>5} {row['type']:<8} {row['requests']:>4} {row['ar_tok_s']:>9.1f} "
-              f"{row['spec_tok_s']:>10.1f} {row['speedup'] or 0:>8.2f} {row['tpf']:>6.2f} "
-              f"{row['accepted_per_round']:>9.2f}  {row['exact']}")
+        line = (f"{row['batch_size']:>5} {row['type']:<8} {row['requests']:>4} {row['ar_tok_s']:>9.1f} "
+                f"{row['spec_tok_s']:>10.1f} {row['speedup'] or 0:>8.2f} {row['tpf']:>6.2f} "
+                f"{row['accepted_per_round']:>9.2f}")
+        if ahead:
+            line += (f" {row['ahead_tok_s']:>11.1f} {row['ahead_speedup'] or 0:>8.2f} {row['ahead_tpf']:>6.2f} "
+                     f"{row['ahead_accepted_per_round']:>9.2f}")
+        print(f"{line}  {row['exact']}")
     if report["peers"]:
         print("peers (batch 1): " + json.dumps(report["peers"]))
 
@@ -246,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         "model": model_note,
         "data": data_note,
         "settings": {"threads": args.threads, "block_size": args.block_size, "adaptive": args.adaptive,
+                     "draft_ahead": args.draft_ahead,
                      "max_new_tokens": args.max_new_tokens, "dtype": args.dtype, "repeats": args.repeats,
                      "clock": args.clock},
         "rows": rows,

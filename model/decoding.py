@@ -25,6 +25,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from .attention import causal_attention_mask, draft_attention_mask
+from .draft_ahead import DraftAhead, RoundLayout, accepted_prefix
 from .modeling import GravityOcrForConditionalGeneration
 from .processor import EncodedPrompt
 
@@ -75,10 +76,10 @@ def prefill(model: GravityOcrForConditionalGeneration, prompt: EncodedPrompt, ca
 
 @torch.no_grad()
 def prefill_with_drafts(model: GravityOcrForConditionalGeneration, prompt: EncodedPrompt, cache: DynamicCache,
-                        block: int) -> tuple[torch.Tensor, int, list[int]]:
+                        block: int) -> tuple[torch.Tensor, int, torch.Tensor]:
     """`prefill`, with `block` masks after the prompt at the first response positions:
     they see the prompt and each other, the prompt never sees them, and only the prompt's
-    KV is kept. Also returns the masks' drafts for the tokens after the first one (the
+    KV is kept. Also returns the masks' logits for the tokens after the first one (the
     first mask drafts the first token, which the prompt's last logits give exactly)."""
     device = model.device
     input_ids = prompt.input_ids.to(device)
@@ -95,7 +96,7 @@ def prefill_with_drafts(model: GravityOcrForConditionalGeneration, prompt: Encod
     logits = model.logits_from_embeds(embeds, positions, mask[None, None], cache)
     if block:
         cache.crop(-block)
-    return logits[0, length - 1], next_position, logits[0, length + 1:].argmax(-1).tolist()
+    return logits[0, length - 1], next_position, logits[0, length + 1:]
 
 
 def _step(model, token_ids: list[int], first_position: int, mask: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
@@ -137,17 +138,25 @@ def greedy_decode(model, prompt: EncodedPrompt, max_new_tokens: int, eos_ids: se
 
 @torch.no_grad()
 def speculative_decode(model, prompt: EncodedPrompt, max_new_tokens: int, eos_ids: set[int],
-                       block_size: int = 32) -> DecodeResult:
-    """Self-speculative decoding; output identical to `greedy_decode` of the same weights."""
+                       block_size: int = 32, draft_ahead: DraftAhead | None = None) -> DecodeResult:
+    """Self-speculative decoding; output identical to `greedy_decode` of the same weights.
+    With `draft_ahead`, each round after the prefill is one pass (model/draft_ahead.py)."""
     check_length(prompt, max_new_tokens, model)
     if block_size < 2:
         raise ValueError(f"block_size must be at least 2, got {block_size}")
+    if draft_ahead is not None:
+        draft_ahead.check_fits(block_size)
     cache = DynamicCache(config=model.config.text_config)
-    logits, position, drafts = prefill_with_drafts(model, prompt, cache, first_block(block_size, max_new_tokens))
+    logits, position, draft_logits = prefill_with_drafts(model, prompt, cache,
+                                                         first_block(block_size, max_new_tokens))
+    drafts = draft_logits.argmax(-1).tolist()
     sequence = _Sequence(eos_ids, max_new_tokens)
     stats = DecodeStats(forward_passes=1)
     sequence.commit([int(logits.argmax())])
-    if not sequence.finished:  # the first round: verify [y_0, drafts], no draft pass
+    if draft_ahead is not None:
+        _draft_ahead_rounds(model, sequence, stats, cache, position, drafts,
+                            draft_ahead.confident(draft_logits).tolist(), draft_ahead)
+    elif not sequence.finished:  # the first round: verify [y_0, drafts], no draft pass
         verify_logits = _step(model, sequence.tokens + drafts, position,
                               causal_attention_mask(cache.get_seq_length(), 1 + len(drafts), model.device), cache)
         stats.forward_passes += 1
@@ -178,6 +187,32 @@ def speculative_decode(model, prompt: EncodedPrompt, max_new_tokens: int, eos_id
     return DecodeResult(sequence.tokens, stats)
 
 
+def _draft_ahead_rounds(model, sequence: _Sequence, stats: DecodeStats, cache: DynamicCache, position: int,
+                        drafts: list[int], confident: list[bool], draft_ahead: DraftAhead) -> None:
+    """One pass per round: [x, drafts] verified causally, with anchored mask blocks that
+    draft the next round (model/draft_ahead.py)."""
+    device = model.device
+    while not sequence.finished:
+        room = max(0, sequence.max_new_tokens - len(sequence.tokens) - 1)  # drafts beyond the bonus
+        drafts, confident = drafts[:room], confident[:room]
+        anchors = draft_ahead.anchors(confident) if drafts else [0]
+        layout = RoundLayout.build(sequence.tokens[-1], drafts, anchors, draft_ahead.block, model.mask_token_id)
+        past, length = cache.get_seq_length(), len(layout.tokens)
+        mask = torch.ones(length, past + length, dtype=torch.bool, device=device)
+        mask[:, past:] = layout.attention(device=device)
+        ids = torch.tensor([layout.tokens], dtype=torch.long, device=device)
+        x_position = position + len(sequence.tokens) - 1
+        positions = (x_position + torch.tensor(layout.offsets, device=device)).view(1, 1, -1).expand(3, 1, -1)
+        logits = model.logits_from_embeds(model.embed(ids), positions, mask[None, None], cache)[0]
+        stats.forward_passes += 1
+        predicted, predicted_confident = logits.argmax(-1).tolist(), draft_ahead.confident(logits).tolist()
+        accepted = accepted_prefix(drafts, predicted)
+        cache.crop(past + 1 + accepted - cache.get_seq_length())  # keep x and the accepted drafts
+        stats.accepted_per_round.append(accepted)
+        sequence.commit(drafts[:accepted] + [predicted[accepted]])
+        drafts, confident = layout.next_drafts(accepted, predicted, predicted_confident, draft_ahead.block)
+
+
 def first_block(block_size: int, max_new_tokens: int) -> int:
     """Masks the prefill drafts with: as a round's block after the first token, never
     longer than what may still be committed after it; none if only one token is asked."""
@@ -189,9 +224,7 @@ def _accept(sequence: _Sequence, stats: DecodeStats, cache: DynamicCache, drafts
     """Commit the longest draft prefix equal to the AR predictions (the AR token after the
     verify input's first token, after each draft) and the bonus token after it; the
     cache keeps the KV of committed tokens only."""
-    accepted = 0
-    while accepted < len(drafts) and drafts[accepted] == predictions[accepted]:
-        accepted += 1
+    accepted = accepted_prefix(drafts, predictions)
     rejected = len(drafts) - accepted
     if rejected:
         cache.crop(-rejected)

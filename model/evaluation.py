@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from .draft_ahead import DraftAhead
 from .engine import Engine, EngineConfig, Request
 from .loading import DEFAULT_MODEL_DIR, Recognizer, load_recognizer
 from .manifest import ManifestItem, read_manifest
@@ -58,7 +59,7 @@ class EvalReport:
 
 
 def _decode_all(recognizer: Recognizer, items: list[ManifestItem], mode: str, batch_size: int,
-                block_size: int) -> tuple[dict[str, object], dict[str, str]]:
+                block_size: int, draft_ahead: DraftAhead | None = None) -> tuple[dict[str, object], dict[str, str]]:
     """Engine results by item id, and the read errors of items that never reached it."""
     processor = recognizer.processor
     requests, errors = [], {}
@@ -74,15 +75,15 @@ def _decode_all(recognizer: Recognizer, items: list[ManifestItem], mode: str, ba
     model = recognizer.model
     engine = Engine(model, EngineConfig(max_batch_size=batch_size, max_seq_len=longest, block_size=block_size,
                                         mode=mode, device=str(model.device), dtype=model.dtype,
-                                        num_threads=torch.get_num_threads()),
+                                        num_threads=torch.get_num_threads(), draft_ahead=draft_ahead),
                     eos_token_ids=processor.eos_token_ids, tokenizer=processor.tokenizer)
     results = {r.request_id: r for r in engine.generate(requests)} if requests else {}
     return results, errors
 
 
 def evaluate(recognizer: Recognizer, items: list[ManifestItem], batch_size: int = 32, block_size: int = 32,
-             check_exact: bool = False) -> EvalReport:
-    results, errors = _decode_all(recognizer, items, "spec", batch_size, block_size)
+             check_exact: bool = False, draft_ahead: DraftAhead | None = None) -> EvalReport:
+    results, errors = _decode_all(recognizer, items, "spec", batch_size, block_size, draft_ahead)
     exact = None
     if check_exact:
         ar_results, _ = _decode_all(recognizer, items, "ar", batch_size, block_size)
@@ -129,6 +130,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--block-size", type=int, default=32)
+    parser.add_argument("--draft-ahead", type=int, default=0, metavar="L",
+                        help="draft-ahead rounds with blocks of L masks (one pass per round); default: classic rounds")
     parser.add_argument("--limit", type=int, help="only the first N items")
     parser.add_argument("--check-exact", action="store_true", help="also decode with plain AR and compare outputs")
     parser.add_argument("--threads", type=int, help="torch threads (default: all the process may use)")
@@ -142,7 +145,8 @@ def run(args) -> int:
     if args.limit:
         items = items[:args.limit]
     recognizer = load_recognizer(args.model)
-    report = evaluate(recognizer, items, args.batch_size, args.block_size, args.check_exact)
+    report = evaluate(recognizer, items, args.batch_size, args.block_size, args.check_exact,
+                      DraftAhead(args.draft_ahead) if args.draft_ahead else None)
     if args.items:
         with open(args.items, "w") as stream:
             for outcome in report.items:

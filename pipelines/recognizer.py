@@ -20,6 +20,7 @@ import torch
 from PIL import Image
 
 from gravityocr.model.decoding import DecodeStats, greedy_decode, speculative_decode
+from gravityocr.model.draft_ahead import DraftAhead
 from gravityocr.model.loading import Recognizer, load_recognizer
 from gravityocr.model.processor import TASK_PROMPTS, EncodedPrompt, InvalidInput
 
@@ -40,6 +41,9 @@ class RecognizerConfig:
     max_new_tokens: dict[str, int] = field(default_factory=lambda: {"text": 256, "table": 1024, "formula": 256})
     max_batch_size: int = 32  # sequences the engine decodes together
     decoder: Literal["auto", "engine", "reference"] = "auto"  # auto: the engine when installed
+    # Masks per anchored block of draft-ahead rounds (one pass per round, model/draft_ahead.py;
+    # faster at batch 1, slower in large CPU batches); 0: classic draft + verify rounds.
+    draft_ahead: int = 0
 
     def __post_init__(self):
         if self.mode not in ("spec", "ar"):
@@ -49,12 +53,18 @@ class RecognizerConfig:
         missing = set(TASK_PROMPTS) - set(self.max_new_tokens)
         if missing:
             raise ValueError(f"max_new_tokens lacks tasks {sorted(missing)}")
+        if self.draft_ahead_rounds is not None:
+            self.draft_ahead_rounds.check_fits(self.block_size)
+
+    @property
+    def draft_ahead_rounds(self) -> DraftAhead | None:
+        return DraftAhead(self.draft_ahead) if self.draft_ahead and self.mode == "spec" else None
 
     def capped(self, limit: int) -> "RecognizerConfig":
         """The same config with every task's output capped at `limit` tokens."""
         return RecognizerConfig(self.mode, self.block_size,
                                 {task: min(n, limit) for task, n in self.max_new_tokens.items()},
-                                self.max_batch_size, self.decoder)
+                                self.max_batch_size, self.decoder, self.draft_ahead)
 
 
 @dataclass
@@ -150,7 +160,8 @@ class CropRecognizer:
             model,
             EngineConfig(max_batch_size=min(self.config.max_batch_size, len(jobs)), max_seq_len=min(longest, self.context),
                          block_size=self.config.block_size, mode=self.config.mode, device=str(model.device),
-                         dtype=model.dtype, num_threads=torch.get_num_threads()),
+                         dtype=model.dtype, num_threads=torch.get_num_threads(),
+                         draft_ahead=self.config.draft_ahead_rounds),
             eos_token_ids=self.recognizer.processor.eos_token_ids,
         )
         results: dict[int, CropResult] = {}
@@ -172,7 +183,8 @@ class CropRecognizer:
         for job in jobs:
             try:
                 if self.config.mode == "spec":
-                    decoded = speculative_decode(model, job.prompt, job.max_new_tokens, eos, self.config.block_size)
+                    decoded = speculative_decode(model, job.prompt, job.max_new_tokens, eos, self.config.block_size,
+                                                 self.config.draft_ahead_rounds)
                 else:
                     decoded = greedy_decode(model, job.prompt, job.max_new_tokens, eos)
             except ValueError as error:

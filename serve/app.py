@@ -290,17 +290,18 @@ class OcrService:
         recognizer = load_recognizer(self.settings.model or DEFAULT_MODEL_DIR, dtype=dtype, device=device)
         model = recognizer.model
         context = model.config.text_config.max_position_embeddings
+        self.crop_config = RecognizerConfig(mode=self.settings.mode, block_size=self.settings.block_size,
+                                            draft_ahead=self.settings.draft_ahead).capped(self.settings.max_new_tokens)
         engine_config = EngineConfig(max_batch_size=self.settings.max_batch_size,
                                      max_seq_len=min(self.settings.max_seq_len, context),
                                      block_size=self.settings.block_size, mode=self.settings.mode,
-                                     device=str(model.device), dtype=model.dtype, num_threads=self.settings.threads)
+                                     device=str(model.device), dtype=model.dtype, num_threads=self.settings.threads,
+                                     draft_ahead=self.crop_config.draft_ahead_rounds)
         self.loop = EngineLoop(lambda: Engine(model, engine_config, recognizer.processor.eos_token_ids),
                                on_step=_record_engine_step)
         metrics.engine_actor_started(device)
         self.recognizer = recognizer
         self.engine_config = engine_config
-        self.crop_config = RecognizerConfig(mode=self.settings.mode, block_size=self.settings.block_size) \
-            .capped(self.settings.max_new_tokens)
         self.page_config = PageOcrConfig(dpi=self.settings.dpi, layout=self.settings.layout)
         self.layout = make_layout(self.page_config.layout)
         self.lines = make_line_splitter(self.page_config.lines)

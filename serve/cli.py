@@ -33,6 +33,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--address", help="Ray cluster address (default: a local Ray)")
     parser.add_argument("--model", help="model directory or hub name (overrides the config)")
     parser.add_argument("--mode", choices=("spec", "ar"), help="decoding mode (overrides the config)")
+    parser.add_argument("--draft-ahead", type=int, metavar="L",
+                        help="draft-ahead rounds with blocks of L masks, 0 for classic rounds (overrides the config)")
 
 
 def run(args) -> int:
@@ -46,6 +48,8 @@ def run(args) -> int:
         settings.model = args.model
     if args.mode:
         settings.mode = args.mode
+    if args.draft_ahead is not None:
+        settings.draft_ahead = args.draft_ahead
     host = args.host or http_options.get("host", "127.0.0.1")
     port = args.port or http_options.get("port", 8000)
     ray.init(address=args.address, log_to_driver=False)

@@ -17,6 +17,9 @@ class ServeSettings:
     mode: str = "spec"  # "spec" | "ar"
     max_batch_size: int = 32  # sequences one replica's engine decodes together
     block_size: int = 32
+    # Masks per anchored block of draft-ahead rounds (one pass per round: lower latency at
+    # low concurrency, less throughput in large CPU batches); 0: classic rounds.
+    draft_ahead: int = 0
     max_seq_len: int = 2048  # prompt + output tokens of one crop
     max_new_tokens: int = 1024  # cap per crop (chat requests may ask for less)
     dpi: float = 150

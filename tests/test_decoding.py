@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from gravityocr.model.decoding import greedy_decode, speculative_decode
+from gravityocr.model.draft_ahead import DraftAhead, RoundLayout
 from gravityocr.model.processor import InvalidInput
 
 from conftest import random_image
@@ -32,15 +33,16 @@ def hf_generate(model, prompt, max_new_tokens, eos_id, pad_id):
     return output[0, prompt.length:].tolist()
 
 
+@pytest.mark.parametrize("draft_ahead", [None, DraftAhead()], ids=["classic", "draft-ahead"])
 @pytest.mark.parametrize("model_seed,image_seed,width,height,task", CASES)
 def test_speculative_equals_greedy_and_hf_generate(tiny_model_factory, processor, tokenizer,
-                                                   model_seed, image_seed, width, height, task):
+                                                   model_seed, image_seed, width, height, task, draft_ahead):
     model = tiny_model_factory(model_seed)
     prompt = processor.encode(random_image(image_seed, width, height), task)
     eos = {tokenizer.eos_token_id}
     max_new = 90  # longer than two 32-token blocks
     ar = greedy_decode(model, prompt, max_new, eos)
-    spec = speculative_decode(model, prompt, max_new, eos, block_size=32)
+    spec = speculative_decode(model, prompt, max_new, eos, block_size=32, draft_ahead=draft_ahead)
     reference = hf_generate(model, prompt, max_new, tokenizer.eos_token_id, tokenizer.pad_token_id)
     assert ar.token_ids == reference
     assert spec.token_ids == ar.token_ids
@@ -100,6 +102,83 @@ def test_the_first_round_verifies_the_prefills_drafts_without_a_draft_pass(
     assert spec.stats.accepted_per_round[0] >= 5  # memorised: the prefill's drafts are read right
     assert inputs[2][1:] == [mask] * block  # the second round drafts from its x
     assert len(inputs) == spec.stats.forward_passes
+
+
+@pytest.mark.parametrize("block_size,ahead_block", [(4, 2), (9, 3), (32, 16)])
+@pytest.mark.parametrize("max_new", [1, 2, 17, 45])
+def test_draft_ahead_stops_exactly_at_eos_and_at_the_length(tiny_model_factory, processor, block_size, ahead_block,
+                                                            max_new):
+    model = tiny_model_factory(3)
+    prompt = processor.encode(random_image(4, 112, 56), "text")
+    free_run = greedy_decode(model, prompt, 70, eos_ids=set())
+    eos_token = free_run.token_ids[40]
+    ahead = DraftAhead(ahead_block, 0.5)
+    for eos in ({eos_token}, set()):
+        ar = greedy_decode(model, prompt, max_new, eos)
+        assert speculative_decode(model, prompt, max_new, eos, block_size, ahead).token_ids == ar.token_ids
+
+
+def test_draft_ahead_saves_passes_on_trained_drafts_and_stays_exact(
+        trained_tiny_model, overfit_samples, tokenizer, monkeypatch):
+    """Every pass after the prefill is [x, drafts, anchored mask blocks]: no draft pass of
+    its own, so rounds = passes - 1; on memorised crops that takes fewer passes than the
+    classic draft + verify rounds, for the same tokens."""
+    model, eos, ahead = trained_tiny_model, {tokenizer.eos_token_id}, DraftAhead(8, 0.5)
+    inputs = []
+    embed = model.embed
+    monkeypatch.setattr(model, "embed", lambda ids, *rest: inputs.append(ids[0].tolist()) or embed(ids, *rest))
+    classic_passes = ahead_passes = 0
+    for sample in overfit_samples:
+        classic = speculative_decode(model, sample.prompt, 120, eos, block_size=16)
+        inputs.clear()
+        spec = speculative_decode(model, sample.prompt, 120, eos, block_size=16, draft_ahead=ahead)
+        assert spec.token_ids == classic.token_ids == sample.target_ids
+        assert len(inputs) == spec.stats.forward_passes == 1 + len(spec.stats.accepted_per_round)
+        for round_input in inputs[1:]:
+            masks = sum(token == model.mask_token_id for token in round_input)
+            assert masks in (8, 16) and round_input[-masks:] == [model.mask_token_id] * masks
+            assert model.mask_token_id not in round_input[:-masks]
+        classic_passes += classic.stats.forward_passes
+        ahead_passes += spec.stats.forward_passes
+    assert ahead_passes < classic_passes
+
+
+def test_round_layout_anchors_blocks_after_their_token():
+    """[x, e1, e2] with blocks of 2 anchored at x and at e2: a block sees the tokens up to
+    its anchor and itself; its masks sit at the positions after the anchor."""
+    ahead = DraftAhead(2, 0.5)
+    assert ahead.anchors([True, True, False]) == [0, 2] and ahead.anchors([False, True]) == [0]
+    layout = RoundLayout.build(10, [11, 12], [0, 2], 2, mask_id=99)
+    assert layout.tokens == [10, 11, 12, 99, 99, 99, 99]
+    assert layout.offsets == [0, 1, 2, 1, 2, 3, 4]
+    expected = torch.tensor([
+        [1, 0, 0, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0, 0, 0],
+        [1, 0, 0, 1, 1, 0, 0, 0],
+        [1, 0, 0, 1, 1, 0, 0, 0],
+        [1, 1, 1, 0, 0, 1, 1, 0],
+        [1, 1, 1, 0, 0, 1, 1, 0],
+        [1, 1, 1, 1, 1, 1, 1, 1],  # padding
+    ], dtype=torch.bool)
+    assert torch.equal(layout.attention(8), expected)
+    predicted = [20, 21, 22, 30, 31, 32, 33]
+    flags = [False] * 3 + [True, False, True, True]
+    # Accepted 0: bonus at offset 1, next drafts from offset 2 on: the x block's second mask.
+    assert layout.next_drafts(0, predicted, flags, 2) == ([31], [False])
+    # Accepted 1 (< 2): still the x block, nothing left after offset 2.
+    assert layout.next_drafts(1, predicted, flags, 2) == ([], [])
+    # Accepted 2: the e2 block, from offset 4 on.
+    assert layout.next_drafts(2, predicted, flags, 2) == ([33], [True])
+
+
+def test_draft_ahead_settings_are_checked():
+    with pytest.raises(ValueError, match="at least 2"):
+        DraftAhead(1)
+    with pytest.raises(ValueError, match="confidence"):
+        DraftAhead(8, 1.0)
+    with pytest.raises(ValueError, match="more than half"):
+        DraftAhead(17).check_fits(32)
 
 
 def test_decoding_rejects_bad_lengths(tiny_model_factory, processor):

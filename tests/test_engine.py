@@ -17,6 +17,7 @@ from transformers.cache_utils import DynamicCache
 
 from gravityocr.model.attention import causal_attention_mask
 from gravityocr.model.decoding import greedy_decode, prefill, speculative_decode
+from gravityocr.model.draft_ahead import DraftAhead
 from gravityocr.model.engine import CacheTooLarge, Engine, EngineConfig, Request, RequestTooLong
 
 from conftest import random_image
@@ -68,6 +69,15 @@ def engine_for(model, eos, tokenizer=None, **settings) -> Engine:
     return Engine(model, config, eos, tokenizer)
 
 
+# Engine modes the tests run: (mode, draft_ahead) by name; "ahead" drafts in the verify pass.
+MODES = {"spec": ("spec", None), "ar": ("ar", None), "ahead": ("spec", DraftAhead(4, 0.5))}
+
+
+def engine_in(mode: str, model, eos, **settings) -> Engine:
+    engine_mode, draft_ahead = MODES[mode]
+    return engine_for(model, eos, mode=engine_mode, draft_ahead=draft_ahead, **settings)
+
+
 @pytest.mark.parametrize("batch_size,block_size", [(1, 8), (2, 32), (7, 8), (64, 32)])
 def test_speculative_batches_equal_greedy(model, tokenizer, eos, prompt_pool, greedy_outputs, batch_size, block_size):
     engine = engine_for(model, eos, tokenizer, max_batch_size=batch_size, block_size=block_size)
@@ -89,15 +99,18 @@ def test_speculative_batches_equal_greedy(model, tokenizer, eos, prompt_pool, gr
         assert any(r.finish_reason == "length" for r in results)
 
 
-@pytest.mark.parametrize("block_size", [8, 32])
-def test_speculative_rounds_match_the_reference_round_for_round(model, eos, prompt_pool, block_size):
+@pytest.mark.parametrize("block_size,draft_ahead", [(8, None), (32, None), (8, DraftAhead(4, 0.5)),
+                                                    (32, DraftAhead(16, 0.5)), (32, DraftAhead(5, 0.9))])
+def test_speculative_rounds_match_the_reference_round_for_round(model, eos, prompt_pool, block_size, draft_ahead):
     """Same drafts, same acceptance, same pass count as `speculative_decode`: the batched
     draft pass gives every row exactly its own block's attention, also when a row's block
-    is cut short by its budget while the others' are not."""
-    engine = engine_for(model, eos, max_batch_size=13, block_size=block_size)
+    is cut short by its budget while the others' are not; drafting ahead, rows of
+    different draft counts and anchors padded to one pass."""
+    engine = engine_for(model, eos, max_batch_size=13, block_size=block_size, draft_ahead=draft_ahead)
     requests = make_requests(13, prompt_pool)
     for (request, _), result in zip(requests, engine.generate([r for r, _ in requests])):
-        reference = speculative_decode(model, request.prompt, request.max_new_tokens, eos, block_size=block_size)
+        reference = speculative_decode(model, request.prompt, request.max_new_tokens, eos, block_size=block_size,
+                                       draft_ahead=draft_ahead)
         assert result.token_ids == reference.token_ids
         assert result.stats.accepted_per_round == reference.stats.accepted_per_round
         assert result.stats.forward_passes == reference.stats.forward_passes
@@ -143,14 +156,14 @@ def reference_kv(model, prompt, tokens: list[int]) -> DynamicCache:
     return cache
 
 
-@pytest.mark.parametrize("mode", ["spec", "ar"])
+@pytest.mark.parametrize("mode", ["spec", "ar", "ahead"])
 def test_requests_join_between_steps_and_the_cache_holds_only_committed_tokens(
         model, eos, prompt_pool, greedy_outputs, mode):
     """Requests arrive while others run and leave in any order; after every step each
     running sequence's slot holds exactly the KV of prompt + committed - 1 tokens (no
     rejected draft or mask token counted, nothing lost when a sequence is moved to a
     freed slot), equal to what single-sequence decoding of those tokens holds."""
-    engine = engine_for(model, eos, max_batch_size=4, block_size=8, mode=mode)
+    engine = engine_in(mode, model, eos, max_batch_size=4, block_size=8)
     arrivals = make_requests(12, prompt_pool, first=1)
     index_of = {r.request_id: index for r, index in arrivals}
     request_of = {r.request_id: r for r, _ in arrivals}
@@ -180,8 +193,9 @@ def test_requests_join_between_steps_and_the_cache_holds_only_committed_tokens(
         request = request_of[request_id]
         assert result.token_ids == expected(greedy_outputs, index_of[request_id], request.max_new_tokens)
         assert result.timings.queue_seconds >= 0 and result.timings.decode_seconds >= 0
-        if mode == "spec":  # newcomers verified their prefill's drafts in rounds where others drafted
-            reference = speculative_decode(model, request.prompt, request.max_new_tokens, eos, block_size=8)
+        if mode != "ar":  # newcomers verified their prefill's drafts in rounds where others drafted
+            reference = speculative_decode(model, request.prompt, request.max_new_tokens, eos, block_size=8,
+                                           draft_ahead=MODES[mode][1])
             assert result.stats.accepted_per_round == reference.stats.accepted_per_round
             assert result.stats.forward_passes == reference.stats.forward_passes
 
@@ -212,12 +226,12 @@ def test_generate_refuses_a_busy_engine_and_duplicate_ids(model, eos, prompt_poo
         engine.generate([Request("b", prompt_pool[1], 4)])
 
 
-@pytest.mark.parametrize("mode", ["spec", "ar"])
+@pytest.mark.parametrize("mode", ["spec", "ar", "ahead"])
 def test_aborted_requests_leave_and_the_others_stay_exact(model, eos, prompt_pool, greedy_outputs, mode):
     """Aborting a running sequence from a middle slot (the last slot's sequence and its KV
     move into it) and a waiting one: they never come back, every other request is still
     exactly greedy, and the slot cache still holds only committed tokens' KV."""
-    engine = engine_for(model, eos, max_batch_size=3, block_size=8, mode=mode)
+    engine = engine_in(mode, model, eos, max_batch_size=3, block_size=8)
     requests = [(Request(f"a{i}", prompt_pool[i], 40), i) for i in range(6)]  # none ends in one round
     for request, _ in requests:
         engine.add_request(request)
@@ -316,12 +330,13 @@ def test_bench_decode_prints_rows_and_peers(model, processor, tmp_path, capsys):
 
     save_recognizer(Recognizer(model, processor), tmp_path / "model")
     argv = ["--model", str(tmp_path / "model"), "--dtype", "float64", "--batch-sizes", "1,3", "--limit", "3",
-            "--max-new-tokens", "12", "--repeats", "1", "--threads", "1", "--json"]
+            "--max-new-tokens", "12", "--repeats", "1", "--threads", "1", "--draft-ahead", "8", "--json"]
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
     assert {(row["batch_size"], row["type"]) for row in report["rows"]} == {
         (b, t) for b in (1, 3) for t in ("all", "text", "table", "formula")}
     for row in report["rows"]:
-        assert row["exact"] is True
+        assert row["exact"] is True  # classic and draft-ahead both equal AR
         assert row["tpf"] >= 1.0 and row["ar_tok_s"] > 0 and row["spec_tok_s"] > 0
+        assert row["ahead_tpf"] >= 1.0 and row["ahead_tok_s"] > 0
     assert report["peers"]["hf_generate_greedy"]["same_as_engine_ar"] is True

@@ -40,3 +40,11 @@ def test_eval_json_on_a_trained_tiny_model(tmp_path, trained_tiny_model, process
     assert report["tpf"] > 1.5
     assert set(report["accepted_per_round"]) == {"text", "table", "formula"}
     assert all(0 <= report[k] <= 1 for k in ("overall", "text", "table", "formula"))
+
+    # Draft-ahead rounds: the same reading (checked against AR again), in fewer passes here.
+    assert main(["eval", str(data), "--model", str(model_dir), "--json", "--check-exact", "--block-size", "16",
+                 "--draft-ahead", "8"]) == 0
+    ahead = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert ahead["exact"] is True
+    assert {k: ahead[k] for k in ("text", "table", "formula")} == {k: report[k] for k in ("text", "table", "formula")}
+    assert ahead["tpf"] > report["tpf"]

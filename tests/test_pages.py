@@ -226,10 +226,11 @@ def test_engine_and_reference_decoders_agree():
     page = table_formula_page(seed=40).image
     crops = [(page.crop((110, 150, 700, 200)), "text"), (page.crop((250, 300, 990, 500)), "table"),
              (page.crop((530, 630, 710, 720)), "formula")]
-    for mode in ("spec", "ar"):
-        engine = _recognizer(decoder="engine", mode=mode).recognize(crops)
-        reference = _recognizer(decoder="reference", mode=mode).recognize(crops)
+    for settings in (dict(mode="spec"), dict(mode="ar"), dict(mode="spec", draft_ahead=8)):
+        engine = _recognizer(decoder="engine", **settings).recognize(crops)
+        reference = _recognizer(decoder="reference", **settings).recognize(crops)
         assert [r.text for r in engine] == [r.text for r in reference]
+        assert [r.stats.forward_passes for r in engine] == [r.stats.forward_passes for r in reference]
 
 
 # --- the CLI ----------------------------------------------------------------------------------

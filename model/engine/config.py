@@ -9,6 +9,7 @@ from typing import Literal
 
 import torch
 
+from ..draft_ahead import DraftAhead
 from ..processor import InvalidInput
 
 
@@ -37,6 +38,9 @@ class EngineConfig:
     # Large batches pay for every rejected draft position; short blocks waste less.
     adaptive_block: bool = False
     adaptive_window: int = 4  # rounds that "recent" covers
+    # One pass per round: verify the drafts and draft the next round in the same pass
+    # (model/draft_ahead.py); None: the classic draft pass + verify pass.
+    draft_ahead: DraftAhead | None = None
 
     def __post_init__(self):
         if self.mode not in ("spec", "ar"):
@@ -47,6 +51,8 @@ class EngineConfig:
             raise ValueError(f"block_size must be at least 2, got {self.block_size}")
         if self.num_threads < 1:
             raise ValueError(f"num_threads must be at least 1, got {self.num_threads}")
+        if self.draft_ahead is not None:
+            self.draft_ahead.check_fits(self.block_size)
 
     def check_fits(self, request_id: str, prompt_length: int, max_new_tokens: int) -> None:
         """Raise RequestTooLong if prompt + max_new_tokens cannot finish in one slot."""
@@ -61,5 +67,6 @@ class EngineConfig:
     @property
     def slot_capacity(self) -> int:
         """Tokens one slot holds: max_seq_len plus room for the mask tokens of a draft pass
-        started just before the end (their KV is written, then dropped)."""
-        return self.max_seq_len + self.block_size + 1
+        started just before the end (their KV is written, then dropped); a draft-ahead
+        round writes up to B drafts and two blocks of at most B/2 masks."""
+        return self.max_seq_len + self.block_size * (2 if self.draft_ahead is not None else 1) + 1

@@ -106,7 +106,9 @@ class Engine:
         running = list(self.scheduler.running)
         if running:
             start, cpu_start = time.perf_counter(), time.process_time()
-            if self.config.mode == "spec":
+            if self.config.mode == "spec" and self.config.draft_ahead is not None:
+                self._draft_ahead_round(running)
+            elif self.config.mode == "spec":
                 self._speculative_round(running)
             else:
                 self._ar_round(running)
@@ -154,15 +156,15 @@ class Engine:
         start = time.perf_counter()
         blocks = [first_block(self.config.block_size, s.max_new_tokens) if self.config.mode == "spec" else 0
                   for s in newcomers]
-        first_tokens, drafts = self.runner.prefill(newcomers, blocks)
+        first_tokens, drafts, confident = self.runner.prefill(newcomers, blocks)
         elapsed = time.perf_counter() - start
         self._stats.prefill_seconds += elapsed
-        for sequence, token, sequence_drafts in zip(newcomers, first_tokens, drafts):
+        for sequence, token, sequence_drafts, sequence_confident in zip(newcomers, first_tokens, drafts, confident):
             sequence.timings.queue_seconds = start - sequence.added_at
             sequence.timings.prefill_seconds = elapsed
             self._count_pass(sequence)
             self._commit(sequence, [token], in_decode=False)
-            sequence.pending_drafts = sequence_drafts
+            sequence.drafts, sequence.drafts_confident = sequence_drafts, sequence_confident
         self._finish_all([s for s in newcomers if s.finished], finished)
 
     def _speculative_round(self, running: list[Sequence]) -> None:
@@ -170,7 +172,7 @@ class Engine:
         output = self.runner.speculative_round(running, blocks)
         for sequence, y, accepted, after_y in zip(running, output.y, output.accepted, output.after_y):
             if y is None:  # verified the prefill's drafts: no draft pass of its own
-                sequence.pending_drafts = []
+                sequence.drafts, sequence.drafts_confident = [], []
             else:
                 self._count_pass(sequence)  # draft
                 self._commit(sequence, [y])
@@ -181,6 +183,16 @@ class Engine:
             sequence.stats.accepted_per_round.append(accepted)
             sequence.recent_accepted.append(accepted)
             self._commit(sequence, after_y)
+
+    def _draft_ahead_round(self, running: list[Sequence]) -> None:
+        output = self.runner.draft_ahead_round(running)
+        for sequence, accepted, committed, drafts, confident in zip(
+                running, output.accepted, output.committed, output.drafts, output.confident):
+            self._count_pass(sequence)
+            sequence.stats.accepted_per_round.append(accepted)
+            sequence.recent_accepted.append(accepted)
+            self._commit(sequence, committed)
+            sequence.drafts, sequence.drafts_confident = drafts, confident
 
     def _ar_round(self, running: list[Sequence]) -> None:
         for sequence, token in zip(running, self.runner.ar_round(running)):

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..draft_ahead import RoundLayout, accepted_prefix
 from .config import EngineConfig
 from .kv_cache import SlotKVCache, rows_attention_mask
 from .sequence import Sequence
@@ -28,6 +29,17 @@ class SpeculativeRoundOutput:
     y: list[int | None]
     accepted: list[int]
     after_y: list[list[int]]
+
+
+@dataclass
+class DraftAheadRoundOutput:
+    """Per row: drafts accepted, the tokens to commit (accepted drafts + the bonus token),
+    and the next round's drafts with their confidence flags."""
+
+    accepted: list[int]
+    committed: list[list[int]]
+    drafts: list[list[int]]
+    confident: list[list[bool]]
 
 
 def _causal(n: int, device) -> torch.Tensor:
@@ -83,11 +95,13 @@ class ModelRunner:
             as_tensor([s.x_position for s in sequences])
 
     @torch.no_grad()
-    def prefill(self, sequences: list[Sequence], blocks: list[int]) -> tuple[list[int], list[list[int]]]:
+    def prefill(self, sequences: list[Sequence],
+                blocks: list[int]) -> tuple[list[int], list[list[int]], list[list[bool]]]:
         """Image + prompt of each newcomer into its slot (images encoded as one batch,
         prompts right-padded), each followed by its `blocks[i]` masks (none: 0), which see
         their prompt and each other and whose KV is dropped; returns each one's first
-        response token and the masks' drafts for the tokens after it."""
+        response token, the masks' drafts for the tokens after it and their confidence
+        flags (draft-ahead rounds only; else all False)."""
         model, device = self.model, self.device
         prompts = [s.request.prompt for s in sequences]
         lengths = [p.length for p in prompts]
@@ -126,10 +140,15 @@ class ModelRunner:
         columns = (length_tensor - 1)[:, None] + torch.cat(
             [torch.zeros(1, dtype=torch.long, device=device), torch.arange(2, max(max(blocks), 1) + 1, device=device)])
         picked = hidden.gather(1, columns.clamp(max=width - 1)[..., None].expand(-1, -1, hidden.shape[-1]))
-        rows = model.lm_head(picked).argmax(-1).tolist()  # the one device-to-host transfer
+        logits = model.lm_head(picked)
+        ahead = self.config.draft_ahead
+        confident = ahead.confident(logits) if ahead is not None else torch.zeros_like(columns, dtype=torch.bool)
+        rows = torch.cat([logits.argmax(-1), confident.long()], 1).tolist()  # the one device-to-host transfer
         for slot, length in zip(slots, lengths):
             self.cache.lengths[slot] = length
-        return [row[0] for row in rows], [row[1:block] for row, block in zip(rows, blocks)]
+        columns_count = columns.shape[1]
+        return ([row[0] for row in rows], [row[1:block] for row, block in zip(rows, blocks)],
+                [[bool(c) for c in row[columns_count + 1:columns_count + block]] for row, block in zip(rows, blocks)])
 
     @torch.no_grad()
     def speculative_round(self, sequences: list[Sequence], blocks: list[int]) -> SpeculativeRoundOutput:
@@ -142,7 +161,7 @@ class ModelRunner:
         # Every host-to-device copy of the round happens here, before its first kernel.
         slots, past_host, past, last_tokens, x_positions = self._rows(sequences)
         block_sizes = torch.tensor(blocks, dtype=torch.long, device=device)
-        came_with = [s.pending_drafts for s in sequences]
+        came_with = [s.drafts for s in sequences]
         has_drafts = torch.tensor([bool(d) for d in came_with], device=device)
         given = torch.tensor([d + [self.pad_id] * (width - 1 - len(d)) for d in came_with], dtype=torch.long,
                              device=device).view(n, width - 1)
@@ -182,6 +201,46 @@ class ModelRunner:
             # x, y and the accepted drafts; x and the accepted drafts for a row verified from x
             self.cache.lengths[slot] = cached + (1 if drafted_here else 2) + a
         return SpeculativeRoundOutput(ys, accepted_counts, after_y)
+
+    @torch.no_grad()
+    def draft_ahead_round(self, sequences: list[Sequence]) -> DraftAheadRoundOutput:
+        """One pass per row: [x, drafts] verified causally, then mask blocks anchored after
+        x and after the confident drafts, which draft the next round (model/draft_ahead.py).
+        Rows are padded to the longest input; one device-to-host transfer."""
+        ahead, device = self.config.draft_ahead, self.device
+        slots, past_host, past, _, x_positions = self._rows(sequences)
+        layouts, draft_counts = [], []
+        for sequence in sequences:
+            room = max(0, sequence.max_new_tokens - len(sequence.tokens) - 1)  # drafts beyond the bonus
+            drafts, confident = sequence.drafts[:room], sequence.drafts_confident[:room]
+            anchors = ahead.anchors(confident) if drafts else [0]
+            layouts.append(RoundLayout.build(sequence.tokens[-1], drafts, anchors, ahead.block, self.mask_id))
+            draft_counts.append(len(drafts))
+        n, width = len(sequences), max(len(layout.tokens) for layout in layouts)
+        padding = lambda values, fill: values + [fill] * (width - len(values))
+        ids = torch.tensor([padding(layout.tokens, self.pad_id) for layout in layouts], dtype=torch.long,
+                           device=device)
+        offsets = torch.tensor([layout.offsets + list(range(len(layout.offsets), width)) for layout in layouts],
+                               dtype=torch.long, device=device)
+        positions = (x_positions[:, None] + offsets)[None].expand(3, n, -1)
+        pattern = torch.stack([layout.attention(width, device) for layout in layouts])
+        read_len = max(past_host) + width
+        self.cache.plan(past, width, read_len)
+        logits = self._logits(ids, positions, rows_attention_mask(past, pattern, read_len))
+        rows = torch.cat([logits.argmax(-1), self.config.draft_ahead.confident(logits).long()], 1).tolist()
+
+        output = DraftAheadRoundOutput([], [], [], [])
+        for slot, cached, layout, count, row in zip(slots, past_host, layouts, draft_counts, rows):
+            predicted, confident = row[:width], [bool(c) for c in row[width:]]
+            drafts = layout.tokens[1:1 + count]
+            accepted = accepted_prefix(drafts, predicted)
+            self.cache.lengths[slot] = cached + 1 + accepted  # x and the accepted drafts
+            next_drafts, next_confident = layout.next_drafts(accepted, predicted, confident, ahead.block)
+            output.accepted.append(accepted)
+            output.committed.append(drafts[:accepted] + [predicted[accepted]])
+            output.drafts.append(next_drafts)
+            output.confident.append(next_confident)
+        return output
 
     @torch.no_grad()
     def ar_round(self, sequences: list[Sequence]) -> list[int]:

@@ -50,7 +50,11 @@ class Sequence:
     stats: DecodeStats = field(default_factory=DecodeStats)
     timings: RequestTimings = field(default_factory=RequestTimings)
     recent_accepted: deque[int] = field(default_factory=lambda: deque(maxlen=4))
-    pending_drafts: list[int] = field(default_factory=list)  # the prefill's, for the first round
+    # Drafts for the tokens after the last committed one, written by the prefill (classic
+    # rounds: for the first round only) or by each round (draft-ahead rounds), with their
+    # confidence flags (draft-ahead rounds place an anchor after the confident ones).
+    drafts: list[int] = field(default_factory=list)
+    drafts_confident: list[bool] = field(default_factory=list)
 
     @property
     def prompt_len(self) -> int:
@@ -80,8 +84,8 @@ class Sequence:
         """Draft block for the next round. Never longer than what may still be committed
         after y (as in `speculative_decode`); with `adaptive`, about twice the recent
         acceptance, so a sequence whose drafts keep failing stops paying for long blocks."""
-        if self.pending_drafts:  # the first round verifies [x, the prefill's drafts]
-            return 1 + len(self.pending_drafts)
+        if self.drafts:  # the first round verifies [x, the prefill's drafts]
+            return 1 + len(self.drafts)
         block = block_size
         if adaptive and self.recent_accepted:
             mean = sum(self.recent_accepted) / len(self.recent_accepted)
