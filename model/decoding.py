@@ -195,7 +195,7 @@ def _draft_ahead_rounds(model, sequence: _Sequence, stats: DecodeStats, cache: D
     while not sequence.finished:
         room = max(0, sequence.max_new_tokens - len(sequence.tokens) - 1)  # drafts beyond the bonus
         drafts, confident = drafts[:room], confident[:room]
-        anchors = draft_ahead.anchors(confident) if drafts else [0]
+        anchors = draft_ahead.anchors(confident)
         layout = RoundLayout.build(sequence.tokens[-1], drafts, anchors, draft_ahead.block, model.mask_token_id)
         past, length = cache.get_seq_length(), len(layout.tokens)
         mask = torch.ones(length, past + length, dtype=torch.bool, device=device)

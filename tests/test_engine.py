@@ -65,7 +65,7 @@ def expected(greedy_outputs, index: int, max_new_tokens: int) -> list[int]:
 
 
 def engine_for(model, eos, tokenizer=None, **settings) -> Engine:
-    config = EngineConfig(dtype=torch.float64, max_seq_len=256, num_threads=1, **settings)
+    config = EngineConfig(**{"dtype": torch.float64, "max_seq_len": 256, "num_threads": 1, **settings})
     return Engine(model, config, eos, tokenizer)
 
 
@@ -123,6 +123,17 @@ def test_ar_mode_equals_greedy(model, eos, prompt_pool, greedy_outputs, batch_si
     for (request, index), result in zip(requests, engine.generate([r for r, _ in requests])):
         assert result.token_ids == expected(greedy_outputs, index, request.max_new_tokens)
         assert result.stats.forward_passes == len(result.token_ids)
+
+
+def test_draft_ahead_rounds_fit_a_slot_filled_to_the_last_token(model, eos, prompt_pool, greedy_outputs):
+    """max_seq_len exactly the longest prompt + budget, blocks as long as the draft block:
+    the last rounds' drafts, masks and other rows' padding still fit the slots."""
+    requests = make_requests(13, prompt_pool)
+    longest = max(r.prompt.length + r.max_new_tokens for r, _ in requests)
+    engine = engine_for(model, eos, max_batch_size=13, block_size=8, draft_ahead=DraftAhead(8, 0.5),
+                        max_seq_len=longest)
+    for (request, index), result in zip(requests, engine.generate([r for r, _ in requests])):
+        assert result.token_ids == expected(greedy_outputs, index, request.max_new_tokens)
 
 
 def test_adaptive_block_is_exact(model, eos, prompt_pool, greedy_outputs):

@@ -213,7 +213,7 @@ class ModelRunner:
         for sequence in sequences:
             room = max(0, sequence.max_new_tokens - len(sequence.tokens) - 1)  # drafts beyond the bonus
             drafts, confident = sequence.drafts[:room], sequence.drafts_confident[:room]
-            anchors = ahead.anchors(confident) if drafts else [0]
+            anchors = ahead.anchors(confident)
             layouts.append(RoundLayout.build(sequence.tokens[-1], drafts, anchors, ahead.block, self.mask_id))
             draft_counts.append(len(drafts))
         n, width = len(sequences), max(len(layout.tokens) for layout in layouts)
