@@ -24,7 +24,7 @@ e_k+2 too, 4.64 with every draft anchored (a block per draft); confidence 0.5 / 
 Exactness is untouched: every committed token is still the causal model's argmax given
 the committed tokens before it; the masks only choose what the next round verifies. A
 round takes one pass instead of two but commits fewer tokens (its drafts come from a
-block of L < B masks, and x's own AR token is no longer free), so it pays where a pass
+block of L <= B masks, and x's own AR token is no longer free), so it pays where a pass
 costs about the same whatever its length: one sequence at a time (lower latency). In large
 batches on a CPU, where a pass costs by its tokens, classic rounds decode faster
 (`gravityocr bench decode --draft-ahead 16` shows both: on the held-out set, 2 CPU
@@ -104,13 +104,7 @@ class RoundLayout:
     def attention(self, width: int | None = None, device=None) -> torch.Tensor:
         """(width, width) bool among this input's tokens, padded: padding sees what is
         before it (never seen by a real token)."""
-        width = width or len(self.tokens)
-        pad = width - len(self.tokens)
-        sees_through = torch.tensor(self.sees_through + list(range(len(self.tokens), width)), device=device)
-        starts = torch.tensor([s for s, _ in self.own_block] + [0] * pad, device=device)
-        ends = torch.tensor([e for _, e in self.own_block] + [0] * pad, device=device)
-        key = torch.arange(width, device=device)[None, :]
-        return (key <= sees_through[:, None]) | ((key >= starts[:, None]) & (key < ends[:, None]))
+        return rounds_attention([self], width or len(self.tokens), device)[0]
 
     def next_drafts(self, accepted: int, predicted: list[int], confident: list[bool],
                     block: int) -> tuple[list[int], list[bool]]:
@@ -122,6 +116,20 @@ class RoundLayout:
         first = self.block_starts[index] + accepted + 1 - self.anchors[index]
         end = self.block_starts[index] + block
         return predicted[first:end], confident[first:end]
+
+
+def rounds_attention(layouts: list[RoundLayout], width: int, device=None) -> torch.Tensor:
+    """(n, width, width) `attention` of several rounds' inputs padded to `width`, built from
+    three host lists in one host-to-device copy each (a batched round's hot path)."""
+    sees_through, starts, ends = [], [], []
+    for layout in layouts:
+        length = len(layout.tokens)
+        sees_through.append(layout.sees_through + list(range(length, width)))
+        starts.append([start for start, _ in layout.own_block] + [0] * (width - length))
+        ends.append([end for _, end in layout.own_block] + [0] * (width - length))
+    sees_through, starts, ends = (torch.tensor(values, device=device)[..., None] for values in (sees_through, starts, ends))
+    key = torch.arange(width, device=device)
+    return (key <= sees_through) | ((key >= starts) & (key < ends))
 
 
 def accepted_prefix(drafts: list[int], predictions: list[int]) -> int:

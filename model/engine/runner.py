@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..draft_ahead import RoundLayout, accepted_prefix
+from ..draft_ahead import RoundLayout, accepted_prefix, rounds_attention
 from .config import EngineConfig
 from .kv_cache import SlotKVCache, rows_attention_mask
 from .sequence import Sequence
@@ -164,7 +164,7 @@ class ModelRunner:
         came_with = [s.drafts for s in sequences]
         has_drafts = torch.tensor([bool(d) for d in came_with], device=device)
         given = torch.tensor([d + [self.pad_id] * (width - 1 - len(d)) for d in came_with], dtype=torch.long,
-                             device=device).view(n, width - 1)
+                             device=device).view(n, width - 1) if any(came_with) else None
         read_len = max(past_host) + 1 + width
         positions = (x_positions[:, None] + torch.arange(1 + width, device=device))[None].expand(3, n, -1)
 
@@ -177,8 +177,10 @@ class ModelRunner:
             draft_logits = self._logits(draft_ids, positions, draft_mask)
             # d_1 drafts y's own position: drafts are d_2..d_width. A row that came with
             # drafts verifies from x: x's KV is written again by the verify pass.
-            y = torch.where(has_drafts, last_tokens, draft_logits[:, 0].argmax(-1))
-            drafts = torch.where(has_drafts[:, None], given, draft_logits[:, 2:].argmax(-1))
+            y, drafts = draft_logits[:, 0].argmax(-1), draft_logits[:, 2:].argmax(-1)
+            if given is not None:
+                y = torch.where(has_drafts, last_tokens, y)
+                drafts = torch.where(has_drafts[:, None], given, drafts)
 
         verify_ids = torch.cat([y[:, None], drafts], 1)
         verify_past = past + (~has_drafts).long()  # after x, or at x for a row verifying from x
@@ -223,7 +225,7 @@ class ModelRunner:
         offsets = torch.tensor([layout.offsets + list(range(len(layout.offsets), width)) for layout in layouts],
                                dtype=torch.long, device=device)
         positions = (x_positions[:, None] + offsets)[None].expand(3, n, -1)
-        pattern = torch.stack([layout.attention(width, device) for layout in layouts])
+        pattern = rounds_attention(layouts, width, device)
         read_len = max(past_host) + width
         self.cache.plan(past, width, read_len)
         logits = self._logits(ids, positions, rows_attention_mask(past, pattern, read_len))
