@@ -126,6 +126,9 @@ def compare(model, eos_ids, items, batch_size, type_name, args) -> dict:
     modes = {"ar": dict(common, mode="ar"), "spec": dict(common, mode="spec", adaptive_block=args.adaptive)}
     if args.draft_ahead:
         modes["ahead"] = dict(common, mode="spec", draft_ahead=DraftAhead(args.draft_ahead))
+        if args.draft_branches:
+            modes["branches"] = dict(common, mode="spec",
+                                     draft_ahead=DraftAhead(args.draft_ahead, branches=args.draft_branches))
     best: dict[str, ModeRun] = {}
     for _ in range(args.repeats):
         for name, settings in modes.items():
@@ -137,7 +140,7 @@ def compare(model, eos_ids, items, batch_size, type_name, args) -> dict:
            "ar_tok_s": round(ar.tokens_per_second, 1)}
     for name in modes.keys() - {"ar"}:
         run = best[name]
-        prefix = "" if name == "spec" else "ahead_"
+        prefix = "" if name == "spec" else f"{name}_"
         committed = sum(r.stats.committed_tokens for r in run.results)
         passes = sum(r.stats.forward_passes for r in run.results)
         rounds = [a for r in run.results for a in r.stats.accepted_per_round]
@@ -205,6 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--adaptive", action="store_true", help="per-request draft block from its acceptance")
     parser.add_argument("--draft-ahead", type=int, default=0, metavar="L",
                         help="also run draft-ahead rounds with blocks of L masks (one pass per round), side by side")
+    parser.add_argument("--draft-branches", type=int, default=0, metavar="N",
+                        help="with --draft-ahead: also draft-ahead rounds that verify second-choice branches at the "
+                             "first N doubtful drafts, side by side")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--limit", type=int, help="only the first N items")
     parser.add_argument("--max-new-tokens", type=int, default=256)
@@ -221,18 +227,18 @@ def _print_table(report: dict) -> None:
     print(f"model: {report['model']}")
     print(f"data: {report['data']}")
     print("settings: " + ", ".join(f"{k}={v}" for k, v in report["settings"].items()))
-    ahead = any("ahead_tok_s" in row for row in report["rows"])
+    one_pass = [name for name in ("ahead", "branches") if any(f"{name}_tok_s" in row for row in report["rows"])]
     header = f"{'batch':>5} {'type':<8} {'req':>4} {'AR tok/s':>9} {'spec tok/s':>10} {'speed-up':>8} {'TPF':>6} {'acc/round':>9}"
-    if ahead:
-        header += f" {'ahead tok/s':>11} {'speed-up':>8} {'TPF':>6} {'acc/round':>9}"
+    for name in one_pass:
+        header += f" {name + ' tok/s':>14} {'speed-up':>8} {'TPF':>6} {'acc/round':>9}"
     print(header + "  exact")
     for row in report["rows"]:
         line = (f"{row['batch_size']:>5} {row['type']:<8} {row['requests']:>4} {row['ar_tok_s']:>9.1f} "
                 f"{row['spec_tok_s']:>10.1f} {row['speedup'] or 0:>8.2f} {row['tpf']:>6.2f} "
                 f"{row['accepted_per_round']:>9.2f}")
-        if ahead:
-            line += (f" {row['ahead_tok_s']:>11.1f} {row['ahead_speedup'] or 0:>8.2f} {row['ahead_tpf']:>6.2f} "
-                     f"{row['ahead_accepted_per_round']:>9.2f}")
+        for name in one_pass:
+            line += (f" {row[name + '_tok_s']:>14.1f} {row[name + '_speedup'] or 0:>8.2f} {row[name + '_tpf']:>6.2f} "
+                     f"{row[name + '_accepted_per_round']:>9.2f}")
         print(f"{line}  {row['exact']}")
     if report["peers"]:
         print("peers (batch 1): " + json.dumps(report["peers"]))
@@ -260,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         "model": model_note,
         "data": data_note,
         "settings": {"threads": args.threads, "block_size": args.block_size, "adaptive": args.adaptive,
-                     "draft_ahead": args.draft_ahead,
+                     "draft_ahead": args.draft_ahead, "draft_branches": args.draft_branches,
                      "max_new_tokens": args.max_new_tokens, "dtype": args.dtype, "repeats": args.repeats,
                      "clock": args.clock},
         "rows": rows,

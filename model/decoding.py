@@ -25,7 +25,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from .attention import causal_attention_mask, draft_attention_mask
-from .draft_ahead import DraftAhead, RoundLayout, accepted_prefix
+from .draft_ahead import DraftAhead, RoundLayout, RoundOutcome, accepted_prefix
 from .modeling import GravityOcrForConditionalGeneration
 from .processor import EncodedPrompt
 
@@ -154,8 +154,7 @@ def speculative_decode(model, prompt: EncodedPrompt, max_new_tokens: int, eos_id
     stats = DecodeStats(forward_passes=1)
     sequence.commit([int(logits.argmax())])
     if draft_ahead is not None:
-        _draft_ahead_rounds(model, sequence, stats, cache, position, drafts,
-                            draft_ahead.confident(draft_logits).tolist(), draft_ahead)
+        _draft_ahead_rounds(model, sequence, stats, cache, position, draft_logits, draft_ahead)
     elif not sequence.finished:  # the first round: verify [y_0, drafts], no draft pass
         verify_logits = _step(model, sequence.tokens + drafts, position,
                               causal_attention_mask(cache.get_seq_length(), 1 + len(drafts), model.device), cache)
@@ -188,15 +187,17 @@ def speculative_decode(model, prompt: EncodedPrompt, max_new_tokens: int, eos_id
 
 
 def _draft_ahead_rounds(model, sequence: _Sequence, stats: DecodeStats, cache: DynamicCache, position: int,
-                        drafts: list[int], confident: list[bool], draft_ahead: DraftAhead) -> None:
-    """One pass per round: [x, drafts] verified causally, with anchored mask blocks that
-    draft the next round (model/draft_ahead.py)."""
+                        draft_logits: torch.Tensor, draft_ahead: DraftAhead) -> None:
+    """One pass per round: [x, drafts] verified causally, with second-choice branches and
+    anchored mask blocks that draft the next round (model/draft_ahead.py)."""
     device = model.device
+    drafts, alternates, confident = (draft_logits.argmax(-1).tolist(), draft_ahead.second_choices(draft_logits).tolist(),
+                                     draft_ahead.confident(draft_logits).tolist())
     while not sequence.finished:
         room = max(0, sequence.max_new_tokens - len(sequence.tokens) - 1)  # drafts beyond the bonus
-        drafts, confident = drafts[:room], confident[:room]
-        anchors = draft_ahead.anchors(confident)
-        layout = RoundLayout.build(sequence.tokens[-1], drafts, anchors, draft_ahead.block, model.mask_token_id)
+        drafts, alternates, confident = drafts[:room], alternates[:room], confident[:room]
+        layout = RoundLayout.build(sequence.tokens[-1], drafts, draft_ahead.anchors(confident), draft_ahead.block,
+                                   model.mask_token_id, alternates, draft_ahead.branch_depths(confident))
         past, length = cache.get_seq_length(), len(layout.tokens)
         mask = torch.ones(length, past + length, dtype=torch.bool, device=device)
         mask[:, past:] = layout.attention(device=device)
@@ -205,12 +206,26 @@ def _draft_ahead_rounds(model, sequence: _Sequence, stats: DecodeStats, cache: D
         positions = (x_position + torch.tensor(layout.offsets, device=device)).view(1, 1, -1).expand(3, 1, -1)
         logits = model.logits_from_embeds(model.embed(ids), positions, mask[None, None], cache)[0]
         stats.forward_passes += 1
-        predicted, predicted_confident = logits.argmax(-1).tolist(), draft_ahead.confident(logits).tolist()
-        accepted = accepted_prefix(drafts, predicted)
-        cache.crop(past + 1 + accepted - cache.get_seq_length())  # keep x and the accepted drafts
-        stats.accepted_per_round.append(accepted)
-        sequence.commit(drafts[:accepted] + [predicted[accepted]])
-        drafts, confident = layout.next_drafts(accepted, predicted, predicted_confident, draft_ahead.block)
+        outcome = layout.outcome(logits.argmax(-1).tolist())
+        _keep_committed(cache, past, outcome)
+        stats.accepted_per_round.append(outcome.accepted)
+        sequence.commit(outcome.committed)
+        drafts, alternates, confident = layout.next_drafts(
+            outcome, draft_ahead.block, logits.argmax(-1).tolist(), draft_ahead.second_choices(logits).tolist(),
+            draft_ahead.confident(logits).tolist())
+
+
+def _keep_committed(cache: DynamicCache, past: int, outcome: RoundOutcome) -> None:
+    """Keep the KV of x, the accepted drafts and the accepted branch tokens (moved to
+    follow them), dropping the rest of the round's input."""
+    main = outcome.accepted - outcome.branch_accepted
+    for layer in cache.layers:
+        kept_keys, kept_values = [layer.keys[..., :past + 1 + main, :]], [layer.values[..., :past + 1 + main, :]]
+        if outcome.branch_start is not None:
+            branch = slice(past + outcome.branch_start, past + outcome.branch_start + outcome.branch_accepted)
+            kept_keys.append(layer.keys[..., branch, :])
+            kept_values.append(layer.values[..., branch, :])
+        layer.keys, layer.values = torch.cat(kept_keys, -2), torch.cat(kept_values, -2)
 
 
 def first_block(block_size: int, max_new_tokens: int) -> int:

@@ -132,6 +132,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--block-size", type=int, default=32)
     parser.add_argument("--draft-ahead", type=int, default=0, metavar="L",
                         help="draft-ahead rounds with blocks of L masks (one pass per round); default: classic rounds")
+    parser.add_argument("--draft-branches", type=int, default=0, metavar="N",
+                        help="with --draft-ahead: also verify second-choice branches at the first N doubtful drafts")
     parser.add_argument("--limit", type=int, help="only the first N items")
     parser.add_argument("--check-exact", action="store_true", help="also decode with plain AR and compare outputs")
     parser.add_argument("--threads", type=int, help="torch threads (default: all the process may use)")
@@ -139,6 +141,8 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    if args.draft_branches and not args.draft_ahead:
+        raise SystemExit("gravityocr eval: --draft-branches needs --draft-ahead")
     if args.threads:
         torch.set_num_threads(args.threads)
     items = read_manifest(args.directory)
@@ -146,7 +150,7 @@ def run(args) -> int:
         items = items[:args.limit]
     recognizer = load_recognizer(args.model)
     report = evaluate(recognizer, items, args.batch_size, args.block_size, args.check_exact,
-                      DraftAhead(args.draft_ahead) if args.draft_ahead else None)
+                      DraftAhead(args.draft_ahead, branches=args.draft_branches) if args.draft_ahead else None)
     if args.items:
         with open(args.items, "w") as stream:
             for outcome in report.items:

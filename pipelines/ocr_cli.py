@@ -45,6 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-ahead", type=int, default=0, metavar="L",
                         help="self-speculative rounds of one pass, drafting ahead with blocks of L masks "
                              "(faster one document at a time); default: classic rounds")
+    parser.add_argument("--draft-branches", type=int, default=0, metavar="N",
+                        help="with --draft-ahead: also verify second-choice branches at the first N doubtful drafts")
     parser.add_argument("--dpi", type=float, default=150, help="PDF render resolution (default: 150)")
     parser.add_argument("--layout", choices=LAYOUT_BACKENDS, default="projection",
                         help="layout backend (default: projection; rapid needs gravityocr[layout])")
@@ -153,7 +155,7 @@ def run(args) -> int:
 
     transformers.utils.logging.disable_progress_bar()  # our own bar is the one that counts pages
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    config = RecognizerConfig(mode=args.mode, draft_ahead=args.draft_ahead)
+    config = RecognizerConfig(mode=args.mode, draft_ahead=args.draft_ahead, draft_branches=args.draft_branches)
     if args.max_new_tokens is not None:
         config = config.capped(args.max_new_tokens)
     try:

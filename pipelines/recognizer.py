@@ -44,6 +44,9 @@ class RecognizerConfig:
     # Masks per anchored block of draft-ahead rounds (one pass per round, model/draft_ahead.py;
     # faster at batch 1, slower in large CPU batches); 0: classic draft + verify rounds.
     draft_ahead: int = 0
+    # Second-choice branches verified in each draft-ahead round (more tokens per pass, a
+    # longer pass); needs draft_ahead.
+    draft_branches: int = 0
 
     def __post_init__(self):
         if self.mode not in ("spec", "ar"):
@@ -53,18 +56,22 @@ class RecognizerConfig:
         missing = set(TASK_PROMPTS) - set(self.max_new_tokens)
         if missing:
             raise ValueError(f"max_new_tokens lacks tasks {sorted(missing)}")
+        if self.draft_branches and not self.draft_ahead:
+            raise ValueError("draft_branches needs draft-ahead rounds: set draft_ahead too")
         if self.draft_ahead_rounds is not None:
             self.draft_ahead_rounds.check_fits(self.block_size)
 
     @property
     def draft_ahead_rounds(self) -> DraftAhead | None:
-        return DraftAhead(self.draft_ahead) if self.draft_ahead and self.mode == "spec" else None
+        if not self.draft_ahead or self.mode != "spec":
+            return None
+        return DraftAhead(self.draft_ahead, branches=self.draft_branches)
 
     def capped(self, limit: int) -> "RecognizerConfig":
         """The same config with every task's output capped at `limit` tokens."""
         return RecognizerConfig(self.mode, self.block_size,
                                 {task: min(n, limit) for task, n in self.max_new_tokens.items()},
-                                self.max_batch_size, self.decoder, self.draft_ahead)
+                                self.max_batch_size, self.decoder, self.draft_ahead, self.draft_branches)
 
 
 @dataclass

@@ -35,6 +35,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--mode", choices=("spec", "ar"), help="decoding mode (overrides the config)")
     parser.add_argument("--draft-ahead", type=int, metavar="L",
                         help="draft-ahead rounds with blocks of L masks, 0 for classic rounds (overrides the config)")
+    parser.add_argument("--draft-branches", type=int, metavar="N",
+                        help="second-choice branches per draft-ahead round (overrides the config)")
 
 
 def run(args) -> int:
@@ -50,6 +52,8 @@ def run(args) -> int:
         settings.mode = args.mode
     if args.draft_ahead is not None:
         settings.draft_ahead = args.draft_ahead
+    if args.draft_branches is not None:
+        settings.draft_branches = args.draft_branches
     host = args.host or http_options.get("host", "127.0.0.1")
     port = args.port or http_options.get("port", 8000)
     ray.init(address=args.address, log_to_driver=False)

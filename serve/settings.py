@@ -20,6 +20,7 @@ class ServeSettings:
     # Masks per anchored block of draft-ahead rounds (one pass per round: lower latency at
     # low concurrency, less throughput in large CPU batches); 0: classic rounds.
     draft_ahead: int = 0
+    draft_branches: int = 0  # with draft_ahead: second-choice branches verified in each round
     max_seq_len: int = 2048  # prompt + output tokens of one crop
     max_new_tokens: int = 1024  # cap per crop (chat requests may ask for less)
     dpi: float = 150
@@ -46,6 +47,8 @@ class ServeSettings:
         settings = cls(**args)
         if settings.mode not in ("spec", "ar"):
             raise ValueError(f"mode must be 'spec' or 'ar', got {settings.mode!r}")
+        if settings.draft_branches and not settings.draft_ahead:
+            raise ValueError("draft_branches needs draft-ahead rounds: set draft_ahead too")
         return settings
 
     def api_token(self) -> str | None:

@@ -33,7 +33,8 @@ def hf_generate(model, prompt, max_new_tokens, eos_id, pad_id):
     return output[0, prompt.length:].tolist()
 
 
-@pytest.mark.parametrize("draft_ahead", [None, DraftAhead()], ids=["classic", "draft-ahead"])
+@pytest.mark.parametrize("draft_ahead", [None, DraftAhead(), DraftAhead(branches=4)],
+                         ids=["classic", "draft-ahead", "draft-ahead-branches"])
 @pytest.mark.parametrize("model_seed,image_seed,width,height,task", CASES)
 def test_speculative_equals_greedy_and_hf_generate(tiny_model_factory, processor, tokenizer,
                                                    model_seed, image_seed, width, height, task, draft_ahead):
@@ -112,10 +113,28 @@ def test_draft_ahead_stops_exactly_at_eos_and_at_the_length(tiny_model_factory, 
     prompt = processor.encode(random_image(4, 112, 56), "text")
     free_run = greedy_decode(model, prompt, 70, eos_ids=set())
     eos_token = free_run.token_ids[40]
-    ahead = DraftAhead(ahead_block, 0.5)
-    for eos in ({eos_token}, set()):
-        ar = greedy_decode(model, prompt, max_new, eos)
-        assert speculative_decode(model, prompt, max_new, eos, block_size, ahead).token_ids == ar.token_ids
+    for ahead in (DraftAhead(ahead_block, 0.5), DraftAhead(ahead_block, 0.5, branches=3)):
+        for eos in ({eos_token}, set()):
+            ar = greedy_decode(model, prompt, max_new, eos)
+            assert speculative_decode(model, prompt, max_new, eos, block_size, ahead).token_ids == ar.token_ids
+
+
+def test_draft_ahead_branches_are_taken_and_stay_exact(tiny_model_factory, processor, tokenizer, monkeypatch):
+    """Rounds that accept second-choice branches (some beyond their first token) commit
+    exactly greedy's tokens: the branch's KV, moved after the accepted drafts, is what the
+    next rounds attend to."""
+    outcomes = []
+    outcome = RoundLayout.outcome
+    monkeypatch.setattr(RoundLayout, "outcome", lambda self, predicted: outcomes.append(outcome(self, predicted))
+                        or outcomes[-1])
+    eos = {tokenizer.eos_token_id}
+    for model_seed, image_seed, width, height, task in CASES:
+        model = tiny_model_factory(model_seed)
+        prompt = processor.encode(random_image(image_seed, width, height), task)
+        spec = speculative_decode(model, prompt, 90, eos, block_size=32, draft_ahead=DraftAhead(16, 0.7, branches=2))
+        assert spec.token_ids == greedy_decode(model, prompt, 90, eos).token_ids
+    taken = [o.branch_accepted for o in outcomes if o.branch_start is not None]
+    assert len(taken) >= 3 and max(taken) >= 2
 
 
 def test_draft_ahead_saves_passes_on_trained_drafts_and_stays_exact(
@@ -168,11 +187,61 @@ def test_round_layout_anchors_blocks_after_their_token():
     predicted = [20, 21, 22, 30, 31, 32, 33]
     flags = [False] * 3 + [True, False, True, True]
     # Accepted 0: bonus at offset 1, next drafts from offset 2 on: the x block's second mask.
-    assert layout.next_drafts(0, predicted, flags, 2) == ([31], [False])
+    outcome = layout.outcome(predicted)
+    assert (outcome.accepted, outcome.committed, outcome.branch_start) == (0, [20], None)
+    assert layout.next_drafts(outcome, 2, predicted, flags) == ([31], [False])
     # Accepted 1 (< 2): still the x block, nothing left after offset 2.
-    assert layout.next_drafts(1, predicted, flags, 2) == ([], [])
+    predicted[0] = 11
+    outcome = layout.outcome(predicted)
+    assert (outcome.accepted, outcome.committed) == (1, [11, 21])
+    assert layout.next_drafts(outcome, 2, predicted, flags) == ([], [])
     # Accepted 2: the e2 block, from offset 4 on.
-    assert layout.next_drafts(2, predicted, flags, 2) == ([33], [True])
+    predicted[1] = 12
+    outcome = layout.outcome(predicted)
+    assert (outcome.accepted, outcome.committed) == (2, [11, 12, 22])
+    assert layout.next_drafts(outcome, 2, predicted, flags) == ([33], [True])
+
+
+def test_round_layout_branches_on_second_choices():
+    """[x, e1, e2, e3] with a branch [a2, e3] off e1 (a2: e2's second choice) and blocks of
+    3 anchored at x, at e2 and at a2: branch tokens see x..e1 and their branch up to
+    themselves; the walk takes the branch when the AR token after e1 is a2."""
+    ahead = DraftAhead(3, 0.5, branches=2)
+    assert ahead.branch_depths([True, False, False, False]) == [2, 3]  # the first two doubtful drafts
+    assert ahead.branch_depths([True, True]) == [] and ahead.branch_depths([False]) == [1]
+    assert DraftAhead(3, 0.5).branch_depths([False, False]) == []
+    layout = RoundLayout.build(10, [11, 12, 13], [0, 2], 3, mask_id=99, alternates=[21, 22, 23], branch_depths=[2])
+    assert layout.tokens == [10, 11, 12, 13, 22, 13] + [99] * 9
+    assert layout.offsets == [0, 1, 2, 3, 2, 3, 1, 2, 3, 3, 4, 5, 3, 4, 5]
+    assert layout.block_starts == [6, 9, 12] and layout.anchor_depths == [0, 2, 2]
+    seen = lambda *keys: [int(k in keys) for k in range(15)]
+    expected = torch.tensor(
+        [seen(0), seen(0, 1), seen(0, 1, 2), seen(0, 1, 2, 3), seen(0, 1, 4), seen(0, 1, 4, 5)]
+        + [seen(0, 6, 7, 8)] * 3 + [seen(0, 1, 2, 9, 10, 11)] * 3 + [seen(0, 1, 4, 12, 13, 14)] * 3, dtype=torch.bool)
+    assert torch.equal(layout.attention(), expected)
+    predicted = list(range(100, 115))
+    # e1 accepted, then a2 instead of e2, then the branch's e3: 3 accepted, the bonus after
+    # the branch's e3; the branch's block drafts from offset 5 on.
+    predicted[0], predicted[1], predicted[4] = 11, 22, 13
+    outcome = layout.outcome(predicted)
+    assert (outcome.accepted, outcome.committed) == (3, [11, 22, 13, 105])
+    assert (outcome.branch_start, outcome.branch_accepted) == (4, 2)
+    assert layout.next_drafts(outcome, 3, predicted) == ([114],)
+    # The branch's first token only: its block from offset 4 on.
+    predicted[4] = 77
+    outcome = layout.outcome(predicted)
+    assert (outcome.accepted, outcome.committed, outcome.branch_accepted) == (2, [11, 22, 77], 1)
+    assert layout.next_drafts(outcome, 3, predicted) == ([113, 114],)
+    # Neither e2 nor a2: the x block, from offset 3 on.
+    predicted[1] = 55
+    outcome = layout.outcome(predicted)
+    assert (outcome.accepted, outcome.committed, outcome.branch_start) == (1, [11, 55], None)
+    assert layout.next_drafts(outcome, 3, predicted) == ([108],)
+    # Every draft accepted along the main line: the e2 block, from offset 5 on.
+    predicted[1], predicted[2] = 12, 13
+    outcome = layout.outcome(predicted)
+    assert (outcome.accepted, outcome.committed, outcome.branch_start) == (3, [11, 12, 13, 103], None)
+    assert layout.next_drafts(outcome, 3, predicted) == ([111],)
 
 
 def test_draft_ahead_settings_are_checked():
@@ -182,6 +251,8 @@ def test_draft_ahead_settings_are_checked():
         DraftAhead(8, 1.0)
     with pytest.raises(ValueError, match="longer than the draft block"):
         DraftAhead(33).check_fits(32)
+    with pytest.raises(ValueError, match="branches"):
+        DraftAhead(8, 0.5, -1)
 
 
 def test_decoding_rejects_bad_lengths(tiny_model_factory, processor):

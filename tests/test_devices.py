@@ -37,6 +37,9 @@ def test_serve_settings_carry_device_and_dtype():
     assert ServeSettings().device == "auto"
     with pytest.raises(ValueError, match="unknown serve settings"):
         ServeSettings.from_args({"gpu": True})
+    with pytest.raises(ValueError, match="draft_branches needs draft-ahead"):
+        ServeSettings.from_args({"draft_branches": 2})
+    assert ServeSettings.from_args({"draft_ahead": 16, "draft_branches": 4}).draft_branches == 4
 
 
 def test_engine_honours_its_dtype(trained_tiny_model, overfit_samples, tokenizer):

@@ -69,8 +69,10 @@ def engine_for(model, eos, tokenizer=None, **settings) -> Engine:
     return Engine(model, config, eos, tokenizer)
 
 
-# Engine modes the tests run: (mode, draft_ahead) by name; "ahead" drafts in the verify pass.
-MODES = {"spec": ("spec", None), "ar": ("ar", None), "ahead": ("spec", DraftAhead(4, 0.5))}
+# Engine modes the tests run: (mode, draft_ahead) by name; "ahead" drafts in the verify pass,
+# "branches" also verifies second-choice branches there.
+MODES = {"spec": ("spec", None), "ar": ("ar", None), "ahead": ("spec", DraftAhead(4, 0.5)),
+         "branches": ("spec", DraftAhead(4, 0.5, branches=3))}
 
 
 def engine_in(mode: str, model, eos, **settings) -> Engine:
@@ -100,7 +102,9 @@ def test_speculative_batches_equal_greedy(model, tokenizer, eos, prompt_pool, gr
 
 
 @pytest.mark.parametrize("block_size,draft_ahead", [(8, None), (32, None), (8, DraftAhead(4, 0.5)),
-                                                    (32, DraftAhead(16, 0.5)), (32, DraftAhead(5, 0.9))])
+                                                    (32, DraftAhead(16, 0.5)), (32, DraftAhead(5, 0.9)),
+                                                    (8, DraftAhead(4, 0.5, branches=2)),
+                                                    (32, DraftAhead(16, 0.7, branches=4))])
 def test_speculative_rounds_match_the_reference_round_for_round(model, eos, prompt_pool, block_size, draft_ahead):
     """Same drafts, same acceptance, same pass count as `speculative_decode`: the batched
     draft pass gives every row exactly its own block's attention, also when a row's block
@@ -125,12 +129,14 @@ def test_ar_mode_equals_greedy(model, eos, prompt_pool, greedy_outputs, batch_si
         assert result.stats.forward_passes == len(result.token_ids)
 
 
-def test_draft_ahead_rounds_fit_a_slot_filled_to_the_last_token(model, eos, prompt_pool, greedy_outputs):
+@pytest.mark.parametrize("draft_ahead", [DraftAhead(8, 0.5), DraftAhead(8, 0.5, branches=3)],
+                         ids=["blocks", "branches"])
+def test_draft_ahead_rounds_fit_a_slot_filled_to_the_last_token(model, eos, prompt_pool, greedy_outputs, draft_ahead):
     """max_seq_len exactly the longest prompt + budget, blocks as long as the draft block:
     the last rounds' drafts, masks and other rows' padding still fit the slots."""
     requests = make_requests(13, prompt_pool)
     longest = max(r.prompt.length + r.max_new_tokens for r, _ in requests)
-    engine = engine_for(model, eos, max_batch_size=13, block_size=8, draft_ahead=DraftAhead(8, 0.5),
+    engine = engine_for(model, eos, max_batch_size=13, block_size=8, draft_ahead=draft_ahead,
                         max_seq_len=longest)
     for (request, index), result in zip(requests, engine.generate([r for r, _ in requests])):
         assert result.token_ids == expected(greedy_outputs, index, request.max_new_tokens)
@@ -167,7 +173,7 @@ def reference_kv(model, prompt, tokens: list[int]) -> DynamicCache:
     return cache
 
 
-@pytest.mark.parametrize("mode", ["spec", "ar", "ahead"])
+@pytest.mark.parametrize("mode", ["spec", "ar", "ahead", "branches"])
 def test_requests_join_between_steps_and_the_cache_holds_only_committed_tokens(
         model, eos, prompt_pool, greedy_outputs, mode):
     """Requests arrive while others run and leave in any order; after every step each
@@ -237,7 +243,7 @@ def test_generate_refuses_a_busy_engine_and_duplicate_ids(model, eos, prompt_poo
         engine.generate([Request("b", prompt_pool[1], 4)])
 
 
-@pytest.mark.parametrize("mode", ["spec", "ar", "ahead"])
+@pytest.mark.parametrize("mode", ["spec", "ar", "ahead", "branches"])
 def test_aborted_requests_leave_and_the_others_stay_exact(model, eos, prompt_pool, greedy_outputs, mode):
     """Aborting a running sequence from a middle slot (the last slot's sequence and its KV
     move into it) and a waiting one: they never come back, every other request is still
@@ -341,13 +347,14 @@ def test_bench_decode_prints_rows_and_peers(model, processor, tmp_path, capsys):
 
     save_recognizer(Recognizer(model, processor), tmp_path / "model")
     argv = ["--model", str(tmp_path / "model"), "--dtype", "float64", "--batch-sizes", "1,3", "--limit", "3",
-            "--max-new-tokens", "12", "--repeats", "1", "--threads", "1", "--draft-ahead", "8", "--json"]
+            "--max-new-tokens", "12", "--repeats", "1", "--threads", "1", "--draft-ahead", "8", "--draft-branches", "2", "--json"]
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
     assert {(row["batch_size"], row["type"]) for row in report["rows"]} == {
         (b, t) for b in (1, 3) for t in ("all", "text", "table", "formula")}
     for row in report["rows"]:
-        assert row["exact"] is True  # classic and draft-ahead both equal AR
+        assert row["exact"] is True  # classic and draft-ahead, with and without branches, all equal AR
         assert row["tpf"] >= 1.0 and row["ar_tok_s"] > 0 and row["spec_tok_s"] > 0
         assert row["ahead_tpf"] >= 1.0 and row["ahead_tok_s"] > 0
+        assert row["branches_tpf"] >= 1.0 and row["branches_tok_s"] > 0
     assert report["peers"]["hf_generate_greedy"]["same_as_engine_ar"] is True

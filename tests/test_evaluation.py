@@ -48,3 +48,12 @@ def test_eval_json_on_a_trained_tiny_model(tmp_path, trained_tiny_model, process
     assert ahead["exact"] is True
     assert {k: ahead[k] for k in ("text", "table", "formula")} == {k: report[k] for k in ("text", "table", "formula")}
     assert ahead["tpf"] > report["tpf"]
+
+    # With second-choice branches: the same reading again.
+    assert main(["eval", str(data), "--model", str(model_dir), "--json", "--check-exact", "--block-size", "16",
+                 "--draft-ahead", "8", "--draft-branches", "3"]) == 0
+    branched = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert branched["exact"] is True
+    assert {k: branched[k] for k in ("text", "table", "formula")} == {k: report[k] for k in ("text", "table", "formula")}
+    with pytest.raises(SystemExit, match="--draft-branches needs --draft-ahead"):
+        main(["eval", str(data), "--model", str(model_dir), "--draft-branches", "3"])

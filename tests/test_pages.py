@@ -221,12 +221,25 @@ def test_a_crop_the_processor_refuses_is_a_region_error_not_a_page_failure():
     assert read.ok and read.stats.committed_tokens == MAX_NEW_TOKENS and read.finish_reason == "length"
 
 
+def test_recognizer_settings_are_checked():
+    with pytest.raises(ValueError, match="decoder must be"):
+        RecognizerConfig(decoder="fast")
+    with pytest.raises(ValueError, match="draft_branches needs draft-ahead"):
+        RecognizerConfig(draft_branches=2)
+    with pytest.raises(ValueError, match="longer than the draft block"):
+        RecognizerConfig(block_size=8, draft_ahead=16)
+    rounds = RecognizerConfig(draft_ahead=8, draft_branches=3).capped(100).draft_ahead_rounds
+    assert (rounds.block, rounds.branches) == (8, 3)
+    assert RecognizerConfig(mode="ar", draft_ahead=8).draft_ahead_rounds is None
+
+
 def test_engine_and_reference_decoders_agree():
     pytest.importorskip("gravityocr.model.engine")
     page = table_formula_page(seed=40).image
     crops = [(page.crop((110, 150, 700, 200)), "text"), (page.crop((250, 300, 990, 500)), "table"),
              (page.crop((530, 630, 710, 720)), "formula")]
-    for settings in (dict(mode="spec"), dict(mode="ar"), dict(mode="spec", draft_ahead=8)):
+    for settings in (dict(mode="spec"), dict(mode="ar"), dict(mode="spec", draft_ahead=8),
+                     dict(mode="spec", draft_ahead=8, draft_branches=3)):
         engine = _recognizer(decoder="engine", **settings).recognize(crops)
         reference = _recognizer(decoder="reference", **settings).recognize(crops)
         assert [r.text for r in engine] == [r.text for r in reference]

@@ -68,6 +68,6 @@ class EngineConfig:
     def slot_capacity(self) -> int:
         """Tokens one slot holds: max_seq_len plus room for the mask tokens of a draft pass
         started just before the end (their KV is written, then dropped); a draft-ahead
-        round writes up to B drafts and its mask blocks."""
-        extra = self.draft_ahead.most_masks if self.draft_ahead is not None else 0
+        round writes up to B drafts, its branches and its mask blocks."""
+        extra = self.draft_ahead.most_extra_tokens if self.draft_ahead is not None else 0
         return self.max_seq_len + self.block_size + 1 + extra

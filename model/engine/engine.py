@@ -156,15 +156,17 @@ class Engine:
         start = time.perf_counter()
         blocks = [first_block(self.config.block_size, s.max_new_tokens) if self.config.mode == "spec" else 0
                   for s in newcomers]
-        first_tokens, drafts, confident = self.runner.prefill(newcomers, blocks)
+        output = self.runner.prefill(newcomers, blocks)
         elapsed = time.perf_counter() - start
         self._stats.prefill_seconds += elapsed
-        for sequence, token, sequence_drafts, sequence_confident in zip(newcomers, first_tokens, drafts, confident):
+        for i, sequence in enumerate(newcomers):
             sequence.timings.queue_seconds = start - sequence.added_at
             sequence.timings.prefill_seconds = elapsed
             self._count_pass(sequence)
-            self._commit(sequence, [token], in_decode=False)
-            sequence.drafts, sequence.drafts_confident = sequence_drafts, sequence_confident
+            self._commit(sequence, [output.first_tokens[i]], in_decode=False)
+            sequence.drafts = output.drafts[i]
+            if self.config.draft_ahead is not None:
+                sequence.drafts_alternates, sequence.drafts_confident = output.alternates[i], output.confident[i]
         self._finish_all([s for s in newcomers if s.finished], finished)
 
     def _speculative_round(self, running: list[Sequence]) -> None:
@@ -172,7 +174,7 @@ class Engine:
         output = self.runner.speculative_round(running, blocks)
         for sequence, y, accepted, after_y in zip(running, output.y, output.accepted, output.after_y):
             if y is None:  # verified the prefill's drafts: no draft pass of its own
-                sequence.drafts, sequence.drafts_confident = [], []
+                sequence.drafts = []
             else:
                 self._count_pass(sequence)  # draft
                 self._commit(sequence, [y])
@@ -186,13 +188,13 @@ class Engine:
 
     def _draft_ahead_round(self, running: list[Sequence]) -> None:
         output = self.runner.draft_ahead_round(running)
-        for sequence, accepted, committed, drafts, confident in zip(
-                running, output.accepted, output.committed, output.drafts, output.confident):
+        for i, sequence in enumerate(running):
             self._count_pass(sequence)
-            sequence.stats.accepted_per_round.append(accepted)
-            sequence.recent_accepted.append(accepted)
-            self._commit(sequence, committed)
-            sequence.drafts, sequence.drafts_confident = drafts, confident
+            sequence.stats.accepted_per_round.append(output.accepted[i])
+            sequence.recent_accepted.append(output.accepted[i])
+            self._commit(sequence, output.committed[i])
+            sequence.drafts, sequence.drafts_alternates, sequence.drafts_confident = (
+                output.drafts[i], output.alternates[i], output.confident[i])
 
     def _ar_round(self, running: list[Sequence]) -> None:
         for sequence, token in zip(running, self.runner.ar_round(running)):

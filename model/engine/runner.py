@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..draft_ahead import RoundLayout, accepted_prefix, rounds_attention
+from ..draft_ahead import RoundLayout, rounds_attention
 from .config import EngineConfig
 from .kv_cache import SlotKVCache, rows_attention_mask
 from .sequence import Sequence
@@ -32,13 +32,25 @@ class SpeculativeRoundOutput:
 
 
 @dataclass
+class PrefillOutput:
+    """Per newcomer: its first response token and the drafts for the tokens after it, with
+    their second choices and confidence flags (draft-ahead rounds only; else empty)."""
+
+    first_tokens: list[int]
+    drafts: list[list[int]]
+    alternates: list[list[int]]
+    confident: list[list[bool]]
+
+
+@dataclass
 class DraftAheadRoundOutput:
     """Per row: drafts accepted, the tokens to commit (accepted drafts + the bonus token),
-    and the next round's drafts with their confidence flags."""
+    and the next round's drafts with their second choices and confidence flags."""
 
     accepted: list[int]
     committed: list[list[int]]
     drafts: list[list[int]]
+    alternates: list[list[int]]
     confident: list[list[bool]]
 
 
@@ -95,13 +107,11 @@ class ModelRunner:
             as_tensor([s.x_position for s in sequences])
 
     @torch.no_grad()
-    def prefill(self, sequences: list[Sequence],
-                blocks: list[int]) -> tuple[list[int], list[list[int]], list[list[bool]]]:
+    def prefill(self, sequences: list[Sequence], blocks: list[int]) -> PrefillOutput:
         """Image + prompt of each newcomer into its slot (images encoded as one batch,
         prompts right-padded), each followed by its `blocks[i]` masks (none: 0), which see
         their prompt and each other and whose KV is dropped; returns each one's first
-        response token, the masks' drafts for the tokens after it and their confidence
-        flags (draft-ahead rounds only; else all False)."""
+        response token and the masks' drafts for the tokens after it."""
         model, device = self.model, self.device
         prompts = [s.request.prompt for s in sequences]
         lengths = [p.length for p in prompts]
@@ -142,13 +152,21 @@ class ModelRunner:
         picked = hidden.gather(1, columns.clamp(max=width - 1)[..., None].expand(-1, -1, hidden.shape[-1]))
         logits = model.lm_head(picked)
         ahead = self.config.draft_ahead
-        confident = ahead.confident(logits) if ahead is not None else torch.zeros_like(columns, dtype=torch.bool)
-        rows = torch.cat([logits.argmax(-1), confident.long()], 1).tolist()  # the one device-to-host transfer
+        if ahead is None:
+            rows = logits.argmax(-1).tolist()
+        else:
+            rows = torch.cat([logits.argmax(-1), ahead.second_choices(logits), ahead.confident(logits).long()],
+                             1).tolist()  # the one device-to-host transfer
         for slot, length in zip(slots, lengths):
             self.cache.lengths[slot] = length
-        columns_count = columns.shape[1]
-        return ([row[0] for row in rows], [row[1:block] for row, block in zip(rows, blocks)],
-                [[bool(c) for c in row[columns_count + 1:columns_count + block]] for row, block in zip(rows, blocks)])
+        output, count = PrefillOutput([], [], [], []), columns.shape[1]
+        for row, block in zip(rows, blocks):
+            output.first_tokens.append(row[0])
+            output.drafts.append(row[1:block])
+            if ahead is not None:
+                output.alternates.append(row[count + 1:count + block])
+                output.confident.append([bool(flag) for flag in row[2 * count + 1:2 * count + block]])
+        return output
 
     @torch.no_grad()
     def speculative_round(self, sequences: list[Sequence], blocks: list[int]) -> SpeculativeRoundOutput:
@@ -206,18 +224,19 @@ class ModelRunner:
 
     @torch.no_grad()
     def draft_ahead_round(self, sequences: list[Sequence]) -> DraftAheadRoundOutput:
-        """One pass per row: [x, drafts] verified causally, then mask blocks anchored after
-        x and after the confident drafts, which draft the next round (model/draft_ahead.py).
-        Rows are padded to the longest input; one device-to-host transfer."""
+        """One pass per row: [x, drafts] verified causally, second-choice branches off the
+        first doubtful drafts, and mask blocks anchored after x, after the confident drafts
+        and at each branch, which draft the next round (model/draft_ahead.py). Rows are
+        padded to the longest input; one device-to-host transfer."""
         ahead, device = self.config.draft_ahead, self.device
         slots, past_host, past, _, x_positions = self._rows(sequences)
-        layouts, draft_counts = [], []
+        layouts = []
         for sequence in sequences:
             room = max(0, sequence.max_new_tokens - len(sequence.tokens) - 1)  # drafts beyond the bonus
-            drafts, confident = sequence.drafts[:room], sequence.drafts_confident[:room]
-            anchors = ahead.anchors(confident)
-            layouts.append(RoundLayout.build(sequence.tokens[-1], drafts, anchors, ahead.block, self.mask_id))
-            draft_counts.append(len(drafts))
+            confident = sequence.drafts_confident[:room]
+            layouts.append(RoundLayout.build(sequence.tokens[-1], sequence.drafts[:room], ahead.anchors(confident),
+                                             ahead.block, self.mask_id, sequence.drafts_alternates[:room],
+                                             ahead.branch_depths(confident)))
         n, width = len(sequences), max(len(layout.tokens) for layout in layouts)
         padding = lambda values, fill: values + [fill] * (width - len(values))
         ids = torch.tensor([padding(layout.tokens, self.pad_id) for layout in layouts], dtype=torch.long,
@@ -229,18 +248,23 @@ class ModelRunner:
         read_len = max(past_host) + width
         self.cache.plan(past, width, read_len)
         logits = self._logits(ids, positions, rows_attention_mask(past, pattern, read_len))
-        rows = torch.cat([logits.argmax(-1), self.config.draft_ahead.confident(logits).long()], 1).tolist()
+        rows = torch.cat([logits.argmax(-1), ahead.second_choices(logits), ahead.confident(logits).long()],
+                         1).tolist()
 
-        output = DraftAheadRoundOutput([], [], [], [])
-        for slot, cached, layout, count, row in zip(slots, past_host, layouts, draft_counts, rows):
-            predicted, confident = row[:width], [bool(c) for c in row[width:]]
-            drafts = layout.tokens[1:1 + count]
-            accepted = accepted_prefix(drafts, predicted)
-            self.cache.lengths[slot] = cached + 1 + accepted  # x and the accepted drafts
-            next_drafts, next_confident = layout.next_drafts(accepted, predicted, confident, ahead.block)
-            output.accepted.append(accepted)
-            output.committed.append(drafts[:accepted] + [predicted[accepted]])
+        output = DraftAheadRoundOutput([], [], [], [], [])
+        for slot, cached, layout, row in zip(slots, past_host, layouts, rows):
+            predicted, alternates, confident = row[:width], row[width:2 * width], [bool(c) for c in row[2 * width:]]
+            outcome = layout.outcome(predicted)
+            main = outcome.accepted - outcome.branch_accepted
+            if outcome.branch_start is not None:  # the accepted branch tokens' KV follows the accepted drafts
+                self.cache.shift(slot, cached + outcome.branch_start, cached + 1 + main, outcome.branch_accepted)
+            self.cache.lengths[slot] = cached + 1 + outcome.accepted  # x and the accepted tokens
+            next_drafts, next_alternates, next_confident = layout.next_drafts(outcome, ahead.block, predicted,
+                                                                              alternates, confident)
+            output.accepted.append(outcome.accepted)
+            output.committed.append(outcome.committed)
             output.drafts.append(next_drafts)
+            output.alternates.append(next_alternates)
             output.confident.append(next_confident)
         return output
 

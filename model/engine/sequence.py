@@ -52,8 +52,10 @@ class Sequence:
     recent_accepted: deque[int] = field(default_factory=lambda: deque(maxlen=4))
     # Drafts for the tokens after the last committed one, written by the prefill (classic
     # rounds: for the first round only) or by each round (draft-ahead rounds), with their
-    # confidence flags (draft-ahead rounds place an anchor after the confident ones).
+    # second choices and confidence flags (draft-ahead rounds branch on the second choices
+    # and place anchors after the confident drafts).
     drafts: list[int] = field(default_factory=list)
+    drafts_alternates: list[int] = field(default_factory=list)
     drafts_confident: list[bool] = field(default_factory=list)
 
     @property
