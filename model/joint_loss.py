@@ -85,25 +85,42 @@ def build_joint_batch(
     random_block_offset: bool = True,
     generator: torch.Generator | None = None,
     draft_ratio_fraction: float = 0.0,
+    min_block_size: int = 0,
+    pad_final_block: bool = False,
 ) -> JointBatch:
     """`draft_ratio_fraction`: the share of samples whose stream A masks every response
     token (ratio t = 1; stream B then is clean and carries no target). That is the state
     a draft pass decodes from (a block of masks after clean tokens); a uniform t puts
-    only ~1 target in 5 above ratio 0.9, where a mask's block-mates are mostly masks too."""
+    only ~1 target in 5 above ratio 0.9, where a mask's block-mates are mostly masks too.
+
+    `min_block_size` > 0: each sample's block size is drawn from min_block_size..block_size,
+    so blocks of every size that decoding uses (draft-ahead blocks of L < B, blocks cut by a
+    budget) occur mid-response. `pad_final_block`: the last block is filled up past eos
+    with masks that carry no target, in both streams, as a block of masks that runs past
+    the end does in decoding. Without it the only blocks shorter than B end at eos, and a
+    drafter learns to write the end of the response at the end of any short block
+    (`</tr></table><eos>` closes every draft-ahead block of the shipped model)."""
     corrupted = objective != Objective.AR_ONLY
     pad_id = model.config.pad_token_id or 0
     rows, positions, masks, ar_rows, denoise_rows, layouts = [], [], [], [], [], []
     for sample in samples:
         prefix = sample.prompt.input_ids
         target = torch.tensor(sample.target_ids, dtype=torch.long)
-        offset = int(torch.randint(block_size, (1,), generator=generator)) if random_block_offset else 0
-        layout = JointLayout(prefix.shape[1], target.numel(), block_size, offset, corrupted)
+        size = block_size
+        if corrupted and min_block_size > 0:
+            size = int(torch.randint(min_block_size, block_size + 1, (1,), generator=generator))
+        offset = int(torch.randint(size, (1,), generator=generator)) if random_block_offset else 0
+        padding = (-(target.numel() + offset)) % size if corrupted and pad_final_block else 0
+        real = target.numel()
+        is_padding = torch.arange(real + padding) >= real
+        target = torch.cat([target, target[-1:].expand(padding)])  # the clean stream repeats eos
+        layout = JointLayout(prefix.shape[1], target.numel(), size, offset, corrupted)
         prefix_positions, first_response = model.rope_positions(prefix, sample.prompt.image_grid_thw)
         P, L = layout.prefix_len, layout.response_len
 
         ids = [prefix[0], target]
         ar_target = torch.full((layout.total_len,), IGNORE)
-        ar_target[P - 1:P - 1 + L] = target
+        ar_target[P - 1:P - 1 + real] = target[:real]
         denoise_target = torch.full((layout.total_len,), IGNORE)
         if corrupted:
             ratio = float(torch.rand((), generator=generator))
@@ -111,8 +128,8 @@ def build_joint_batch(
                 ratio = 1.0
             masked_in_a = complementary_mask_choice(L, ratio, generator)
             for stream_masked, start in ((masked_in_a, P + L), (~masked_in_a, P + 2 * L)):
-                ids.append(target.masked_fill(stream_masked, model.mask_token_id))
-                denoise_target[start:start + L] = target.masked_fill(~stream_masked, IGNORE)
+                ids.append(target.masked_fill(stream_masked | is_padding, model.mask_token_id))
+                denoise_target[start:start + L] = target.masked_fill(~stream_masked | is_padding, IGNORE)
         rows.append(torch.cat(ids))
         positions.append(joint_position_ids(prefix_positions[:, 0], first_response, layout))
         masks.append(joint_attention_mask(layout))

@@ -68,6 +68,10 @@ class TrainConfig:
     # stream A (joint_loss.build_joint_batch); 0 keeps the mask ratio uniform. At 0.5 it did not
     # raise acceptance on CPU (model/default/TRAINING.md stage 12)
     draft_ratio_fraction: float = 0.0
+    # joint_loss.build_joint_batch: blocks of min_block_size..block_size (0: all block_size),
+    # the last block filled up past eos with masks
+    min_block_size: int = 0
+    pad_final_block: bool = False
     seed: int = 0
     threads: int = 0  # 0: GRAVITYOCR_THREADS, else 1 (on a shared 2-core box one thread beats two)
     device: str = "cpu"
@@ -114,6 +118,9 @@ class TrainConfig:
         if self.vision_depth < 0:
             raise ValueError(f"vision_depth must be 0 (keep the starting depth) or positive, got {self.vision_depth}")
         check_draft_ratio_fraction(self.draft_ratio_fraction)
+        if self.min_block_size and not 2 <= self.min_block_size <= self.block_size:
+            raise ValueError(f"min_block_size must be 0 or in 2..block_size ({self.block_size}), "
+                             f"got {self.min_block_size}")
 
     def phase_at(self, step: int) -> int:
         start = 0
@@ -206,7 +213,9 @@ class CropBatches(torch.utils.data.IterableDataset):
             samples.append(encode_crop(self.processor, synthetic.generate_crop(seed, stage, kind)))
         joint = build_joint_batch(self.model, samples, self.config.objective_at(step), self.config.block_size,
                                   generator=step_generator(self.config, step),
-                                  draft_ratio_fraction=self.config.draft_ratio_fraction)
+                                  draft_ratio_fraction=self.config.draft_ratio_fraction,
+                                  min_block_size=self.config.min_block_size,
+                                  pad_final_block=self.config.pad_final_block)
         shuffled = None
         if step % self.config.shuffled_loss_every == 0:
             shuffled = build_joint_batch(self.model, shuffled_image_samples(samples), Objective.AR_ONLY,

@@ -138,3 +138,36 @@ def test_draft_ratio_fraction_trains_some_samples_in_the_draft_pass_state(tokeni
         TrainConfig(draft_ratio_fraction=1.5).validate()
     with pytest.raises(ValueError, match="draft_ratio_fraction"):
         GrpoConfig(draft_ratio_fraction=-0.1).validate()
+
+
+def test_blocks_of_many_sizes_and_a_final_block_filled_past_eos(tokenizer, overfit_samples):
+    """min_block_size: block sizes vary per sample within min..B; pad_final_block: the
+    response runs on to the end of its last block with masks in both streams that carry no
+    target, the AR targets stay the response's own, and every real token keeps its targets."""
+    model = _fresh_model(tokenizer)
+    samples = overfit_samples * 8
+    plain = build_joint_batch(model, samples, Objective.JOINT, block_size=8, generator=torch.Generator().manual_seed(5))
+    joint = build_joint_batch(model, samples, Objective.JOINT, block_size=8, generator=torch.Generator().manual_seed(5),
+                              min_block_size=3, pad_final_block=True)
+    assert {layout.block_size for layout in plain.layouts} == {8}
+    assert len({layout.block_size for layout in joint.layouts}) >= 3
+    assert all(3 <= layout.block_size <= 8 for layout in joint.layouts)
+    mask = model.mask_token_id
+    for row, (sample, layout) in enumerate(zip(samples, joint.layouts)):
+        real, length = len(sample.target_ids), layout.response_len
+        assert (length + layout.block_offset) % layout.block_size == 0 and length - real < layout.block_size
+        clean, a, b = (layout.stream_start(s) for s in (CLEAN, STREAM_A, STREAM_B))
+        p = layout.prefix_len
+        assert joint.ar_targets[row, p - 1:p - 1 + real].tolist() == sample.target_ids
+        assert bool((joint.ar_targets[row, p - 1 + real:] == IGNORE).all())
+        assert joint.input_ids[row, clean:clean + real].tolist() == sample.target_ids
+        for start in (a, b):
+            assert bool((joint.input_ids[row, start + real:start + length] == mask).all())
+            assert bool((joint.denoise_targets[row, start + real:start + length] == IGNORE).all())
+        # each real token is a target in exactly one stream
+        targeted = (joint.denoise_targets[row, a:a + real] != IGNORE) ^ (joint.denoise_targets[row, b:b + real] != IGNORE)
+        assert bool(targeted.all())
+    loss = joint_loss(model, joint)
+    assert torch.isfinite(loss.total)
+    with pytest.raises(ValueError, match="min_block_size"):
+        TrainConfig(min_block_size=40).validate()
