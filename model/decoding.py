@@ -206,13 +206,14 @@ def _draft_ahead_rounds(model, sequence: _Sequence, stats: DecodeStats, cache: D
         positions = (x_position + torch.tensor(layout.offsets, device=device)).view(1, 1, -1).expand(3, 1, -1)
         logits = model.logits_from_embeds(model.embed(ids), positions, mask[None, None], cache)[0]
         stats.forward_passes += 1
-        outcome = layout.outcome(logits.argmax(-1).tolist())
+        predicted = logits.argmax(-1).tolist()
+        outcome = layout.outcome(predicted)
         _keep_committed(cache, past, outcome)
         stats.accepted_per_round.append(outcome.accepted)
         sequence.commit(outcome.committed)
-        drafts, alternates, confident = layout.next_drafts(
-            outcome, draft_ahead.block, logits.argmax(-1).tolist(), draft_ahead.second_choices(logits).tolist(),
-            draft_ahead.confident(logits).tolist())
+        drafts, alternates, confident = layout.next_drafts(outcome, draft_ahead.block, predicted,
+                                                           draft_ahead.second_choices(logits).tolist(),
+                                                           draft_ahead.confident(logits).tolist())
 
 
 def _keep_committed(cache: DynamicCache, past: int, outcome: RoundOutcome) -> None:
