@@ -209,8 +209,7 @@ def _draft_ahead_rounds(model, sequence: _Sequence, stats: DecodeStats, cache: D
         predicted = logits.argmax(-1).tolist()
         outcome = layout.outcome(predicted)
         _keep_committed(cache, past, outcome)
-        stats.accepted_per_round.append(outcome.accepted)
-        sequence.commit(outcome.committed)
+        stats.accepted_per_round.append(_commit_accepted(sequence, outcome.committed, outcome.accepted))
         drafts, alternates, confident = layout.next_drafts(outcome, draft_ahead.block, predicted,
                                                            draft_ahead.second_choices(logits).tolist(),
                                                            draft_ahead.confident(logits).tolist())
@@ -244,5 +243,13 @@ def _accept(sequence: _Sequence, stats: DecodeStats, cache: DynamicCache, drafts
     rejected = len(drafts) - accepted
     if rejected:
         cache.crop(-rejected)
-    stats.accepted_per_round.append(accepted)
-    sequence.commit(drafts[:accepted] + [predictions[accepted]])
+    stats.accepted_per_round.append(_commit_accepted(sequence, drafts[:accepted] + [predictions[accepted]], accepted))
+
+
+def _commit_accepted(sequence: _Sequence, tokens: list[int], accepted: int) -> int:
+    """Commit a round's accepted drafts and bonus token; returns the accepted drafts that
+    were committed (none past an eos or the length: the AR model may well agree with
+    drafts after its eos, but those are not output)."""
+    before = len(sequence.tokens)
+    sequence.commit(tokens)
+    return min(accepted, len(sequence.tokens) - before)

@@ -137,6 +137,23 @@ def test_draft_ahead_branches_are_taken_and_stay_exact(tiny_model_factory, proce
     assert len(taken) >= 3 and max(taken) >= 2
 
 
+@pytest.mark.parametrize("draft_ahead", [None, DraftAhead(8, 0.5, branches=2)], ids=["classic", "draft-ahead"])
+def test_drafts_accepted_past_an_eos_are_not_counted(trained_tiny_model, overfit_samples, draft_ahead):
+    """With eos a token in the middle of a memorised target, the round that reaches it has
+    right drafts after it too, which the AR model agrees with; the output stops at the eos
+    and the accepted drafts counted are committed ones: each round commits them and at
+    least one token more (y or the bonus), but for the last."""
+    model = trained_tiny_model
+    for sample in overfit_samples:
+        target = sample.target_ids
+        eos_token = next(t for t in target[12:] if target.index(t) >= 12)  # first written past the 12th token
+        spec = speculative_decode(model, sample.prompt, 120, {eos_token}, block_size=16, draft_ahead=draft_ahead)
+        assert spec.token_ids == greedy_decode(model, sample.prompt, 120, {eos_token}).token_ids
+        assert spec.token_ids == target[:target.index(eos_token) + 1]
+        rounds = spec.stats.accepted_per_round
+        assert sum(rounds) + len(rounds) - 1 <= spec.stats.committed_tokens - 1
+
+
 def test_draft_ahead_saves_passes_on_trained_drafts_and_stays_exact(
         trained_tiny_model, overfit_samples, tokenizer, monkeypatch):
     """Every pass after the prefill is [x, drafts, anchored mask blocks]: no draft pass of

@@ -358,3 +358,20 @@ def test_bench_decode_prints_rows_and_peers(model, processor, tmp_path, capsys):
         assert row["ahead_tpf"] >= 1.0 and row["ahead_tok_s"] > 0
         assert row["branches_tpf"] >= 1.0 and row["branches_tok_s"] > 0
     assert report["peers"]["hf_generate_greedy"]["same_as_engine_ar"] is True
+
+
+@pytest.mark.parametrize("mode", ["spec", "branches"])
+def test_drafts_accepted_past_an_eos_are_not_counted(trained_tiny_model, overfit_samples, mode):
+    """eos a token in the middle of a memorised target: the round that reaches it also has
+    right drafts after it, which the AR model agrees with; the engine counts only the
+    accepted drafts it commits, as the reference decoder does."""
+    model = trained_tiny_model
+    for sample in overfit_samples:
+        target = sample.target_ids
+        eos_token = next(t for t in target[12:] if target.index(t) >= 12)  # first written past the 12th token
+        engine = engine_in(mode, model, [eos_token], max_batch_size=2, block_size=16)
+        [result] = engine.generate([Request("a", sample.prompt, 120)])
+        reference = speculative_decode(model, sample.prompt, 120, {eos_token}, block_size=16,
+                                       draft_ahead=MODES[mode][1])
+        assert result.token_ids == reference.token_ids == target[:target.index(eos_token) + 1]
+        assert result.stats.accepted_per_round == reference.stats.accepted_per_round

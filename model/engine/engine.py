@@ -182,17 +182,17 @@ class Engine:
                     sequence.stats.accepted_per_round.append(0)
                     continue
             self._count_pass(sequence)  # verify
+            accepted = min(accepted, self._commit(sequence, after_y))  # none past an eos or the length
             sequence.stats.accepted_per_round.append(accepted)
             sequence.recent_accepted.append(accepted)
-            self._commit(sequence, after_y)
 
     def _draft_ahead_round(self, running: list[Sequence]) -> None:
         output = self.runner.draft_ahead_round(running)
         for i, sequence in enumerate(running):
             self._count_pass(sequence)
-            sequence.stats.accepted_per_round.append(output.accepted[i])
-            sequence.recent_accepted.append(output.accepted[i])
-            self._commit(sequence, output.committed[i])
+            accepted = min(output.accepted[i], self._commit(sequence, output.committed[i]))  # none past an eos
+            sequence.stats.accepted_per_round.append(accepted)
+            sequence.recent_accepted.append(accepted)
             sequence.drafts, sequence.drafts_alternates, sequence.drafts_confident = (
                 output.drafts[i], output.alternates[i], output.confident[i])
 
@@ -205,13 +205,15 @@ class Engine:
         sequence.stats.forward_passes += 1
         self._stats.forward_passes += 1
 
-    def _commit(self, sequence: Sequence, tokens: list[int], in_decode: bool = True) -> None:
+    def _commit(self, sequence: Sequence, tokens: list[int], in_decode: bool = True) -> int:
+        """Commit tokens until the sequence finishes; returns how many were committed."""
         before = len(sequence.tokens)
         sequence.commit(tokens)
         added = len(sequence.tokens) - before
         self._stats.committed_tokens += added
         if in_decode:
             self._stats.decode_tokens += added
+        return added
 
     def _finish_all(self, done: list[Sequence], finished: list[RequestResult]) -> None:
         # Highest slot first: a finished sequence in the last slot then never moves.
