@@ -245,7 +245,10 @@ def _print_table(report: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.draft_branches and not args.draft_ahead:
+        parser.error("--draft-branches needs --draft-ahead")
     batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b.strip()]
     torch.set_num_threads(args.threads)
     model, processor, model_note = load_model(args.model, getattr(torch, args.dtype))

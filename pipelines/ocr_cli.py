@@ -155,10 +155,10 @@ def run(args) -> int:
 
     transformers.utils.logging.disable_progress_bar()  # our own bar is the one that counts pages
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    config = RecognizerConfig(mode=args.mode, draft_ahead=args.draft_ahead, draft_branches=args.draft_branches)
-    if args.max_new_tokens is not None:
-        config = config.capped(args.max_new_tokens)
     try:
+        config = RecognizerConfig(mode=args.mode, draft_ahead=args.draft_ahead, draft_branches=args.draft_branches)
+        if args.max_new_tokens is not None:
+            config = config.capped(args.max_new_tokens)
         recognizer = CropRecognizer.load(model_path, config, device=device)
         pipeline = PageOcr(recognizer, PageOcrConfig(dpi=args.dpi, layout=args.layout, lines=args.lines,
                                                      batch_pages=args.batch_pages))

@@ -54,6 +54,8 @@ def run(args) -> int:
         settings.draft_ahead = args.draft_ahead
     if args.draft_branches is not None:
         settings.draft_branches = args.draft_branches
+    if settings.draft_branches and not settings.draft_ahead:
+        raise SystemExit("gravityocr serve: draft_branches needs draft-ahead rounds: set --draft-ahead too")
     host = args.host or http_options.get("host", "127.0.0.1")
     port = args.port or http_options.get("port", 8000)
     ray.init(address=args.address, log_to_driver=False)

@@ -298,3 +298,12 @@ def test_cli_without_a_model_says_so(tmp_path, capsys, monkeypatch):
     assert code == 2 and "no default model found; pass --model PATH" in stderr
     code, stdout, stderr = _cli([str(page), "--model", str(tmp_path / "nowhere")], capsys)
     assert code == 2 and "no model found" in stderr
+
+
+def test_cli_refuses_bad_decoding_settings_clearly(tmp_path, tiny_model_dir, capsys):
+    page = tmp_path / "page.png"
+    page.write_bytes(png_bytes(Image.new("RGB", (10, 10), "white")))
+    code, _, stderr = _cli([str(page), "--model", str(tiny_model_dir), "--draft-branches", "4"], capsys)
+    assert code == 2 and "cannot start: draft_branches needs draft-ahead rounds" in stderr
+    code, _, stderr = _cli([str(page), "--model", str(tiny_model_dir), "--draft-ahead", "64"], capsys)
+    assert code == 2 and "longer than the draft block" in stderr
