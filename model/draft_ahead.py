@@ -107,7 +107,10 @@ class DraftAhead:
         return logits.max(-1).values - torch.logsumexp(logits, -1) >= math.log(self.confidence)
 
     def second_choices(self, logits: torch.Tensor) -> torch.Tensor:
-        """Per position: the second most probable token (a branch's first token)."""
+        """Per position: the second most probable token (a branch's first token); without
+        branches nothing reads them, so zeros spare a top-2 over the vocabulary per token."""
+        if not self.branches:
+            return torch.zeros(logits.shape[:-1], dtype=torch.long, device=logits.device)
         return logits.topk(2, -1).indices[..., 1]
 
 
