@@ -102,7 +102,7 @@ def load_items(processor, data: str | None, limit: int | None) -> tuple[list[Ben
 # --- runs --------------------------------------------------------------------------------
 
 def run_mode(model, eos_ids, items: list[BenchItem], count: int, max_new_tokens: int, settings: dict,
-             clock: str = "wall") -> ModeRun:
+             clock: str = "wall", table_tokens=None) -> ModeRun:
     """`count` requests cycling through `items`, decoded by a fresh engine. clock "cpu"
     divides by the process's CPU time instead of wall time: on a machine shared with other
     jobs it is the steadier figure, but it counts every thread's time, so it cannot show
@@ -110,14 +110,14 @@ def run_mode(model, eos_ids, items: list[BenchItem], count: int, max_new_tokens:
     requests = [Request(f"{i}", items[i % len(items)].prompt, max_new_tokens) for i in range(count)]
     longest = max(r.prompt.length for r in requests) + max_new_tokens
     config = EngineConfig(max_seq_len=longest, device=str(model.device), dtype=model.dtype, **settings)
-    engine = Engine(model, config, eos_ids)
+    engine = Engine(model, config, eos_ids, table_tokens=table_tokens)
     results = engine.generate(requests)
     stats = engine.stats()
     seconds = stats.decode_cpu_seconds if clock == "cpu" else stats.decode_seconds
     return ModeRun(results, stats.decode_tokens / seconds if seconds else 0.0)
 
 
-def compare(model, eos_ids, items, batch_size, type_name, args) -> dict:
+def compare(model, eos_ids, items, batch_size, type_name, args, table_tokens=None) -> dict:
     """AR and spec on the same requests. Runs alternate (AR, spec, AR, spec, ...) and the
     fastest of each counts: other processes only ever slow a run down, and alternating
     exposes both modes to the same spells of contention."""
@@ -132,7 +132,7 @@ def compare(model, eos_ids, items, batch_size, type_name, args) -> dict:
     best: dict[str, ModeRun] = {}
     for _ in range(args.repeats):
         for name, settings in modes.items():
-            run = run_mode(model, eos_ids, items, count, args.max_new_tokens, settings, args.clock)
+            run = run_mode(model, eos_ids, items, count, args.max_new_tokens, settings, args.clock, table_tokens)
             if name not in best or run.tokens_per_second > best[name].tokens_per_second:
                 best[name] = run
     ar = best["ar"]
@@ -211,6 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--draft-branches", type=int, default=0, metavar="N",
                         help="with --draft-ahead: also draft-ahead rounds that verify second-choice branches at the "
                              "first N doubtful drafts, side by side")
+    parser.add_argument("--no-table-drafts", action="store_true",
+                        help="leave table structure to the drafter (model/table_drafts.py keeps drafts to it)")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--limit", type=int, help="only the first N items")
     parser.add_argument("--max-new-tokens", type=int, default=256)
@@ -262,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     groups = {"all": items}
     for item in items:
         groups.setdefault(item.type, []).append(item)
-    rows = [compare(model, eos_ids, group, batch_size, type_name, args)
+    table_tokens = None if args.no_table_drafts else processor.table_tokens
+    rows = [compare(model, eos_ids, group, batch_size, type_name, args, table_tokens)
             for batch_size in batch_sizes for type_name, group in groups.items()
             if not (type_name != "all" and len(groups) == 2)]  # one type only: "all" says it
     report = {
@@ -270,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         "data": data_note,
         "settings": {"threads": args.threads, "block_size": args.block_size, "adaptive": args.adaptive,
                      "draft_ahead": args.draft_ahead, "draft_branches": args.draft_branches,
+                     "table_drafts": table_tokens is not None,
                      "max_new_tokens": args.max_new_tokens, "dtype": args.dtype, "repeats": args.repeats,
                      "clock": args.clock},
         "rows": rows,

@@ -25,9 +25,10 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from .attention import causal_attention_mask, draft_attention_mask
-from .draft_ahead import DraftAhead, RoundLayout, RoundOutcome, accepted_prefix
+from .draft_ahead import DraftAhead, RoundOutcome, accepted_prefix
 from .modeling import GravityOcrForConditionalGeneration
 from .processor import EncodedPrompt
+from .table_drafts import TableShape, TableTokens, kept_to_structure
 
 
 @dataclass
@@ -50,10 +51,11 @@ class DecodeResult:
 class _Sequence:
     """Committed tokens of one request and the rule for when it is finished."""
 
-    def __init__(self, eos_ids: set[int], max_new_tokens: int):
+    def __init__(self, eos_ids: set[int], max_new_tokens: int, table_tokens: TableTokens | None = None):
         self.tokens: list[int] = []
         self.eos_ids = eos_ids
         self.max_new_tokens = max_new_tokens
+        self.shape = TableShape(table_tokens) if table_tokens is not None else None
 
     @property
     def finished(self) -> bool:
@@ -64,6 +66,8 @@ class _Sequence:
             if self.finished:
                 return
             self.tokens.append(token)
+            if self.shape is not None:
+                self.shape.feed(token)
 
 
 @torch.no_grad()
@@ -138,9 +142,12 @@ def greedy_decode(model, prompt: EncodedPrompt, max_new_tokens: int, eos_ids: se
 
 @torch.no_grad()
 def speculative_decode(model, prompt: EncodedPrompt, max_new_tokens: int, eos_ids: set[int],
-                       block_size: int = 32, draft_ahead: DraftAhead | None = None) -> DecodeResult:
+                       block_size: int = 32, draft_ahead: DraftAhead | None = None,
+                       table_tokens: TableTokens | None = None) -> DecodeResult:
     """Self-speculative decoding; output identical to `greedy_decode` of the same weights.
-    With `draft_ahead`, each round after the prefill is one pass (model/draft_ahead.py)."""
+    With `draft_ahead`, each round after the prefill is one pass (model/draft_ahead.py).
+    With `table_tokens`, drafts that reach the host (the prefill's, draft-ahead rounds')
+    are kept to the structure of a table being written (model/table_drafts.py)."""
     check_length(prompt, max_new_tokens, model)
     if block_size < 2:
         raise ValueError(f"block_size must be at least 2, got {block_size}")
@@ -149,13 +156,13 @@ def speculative_decode(model, prompt: EncodedPrompt, max_new_tokens: int, eos_id
     cache = DynamicCache(config=model.config.text_config)
     logits, position, draft_logits = prefill_with_drafts(model, prompt, cache,
                                                          first_block(block_size, max_new_tokens))
-    drafts = draft_logits.argmax(-1).tolist()
-    sequence = _Sequence(eos_ids, max_new_tokens)
+    sequence = _Sequence(eos_ids, max_new_tokens, table_tokens)
     stats = DecodeStats(forward_passes=1)
     sequence.commit([int(logits.argmax())])
+    drafts = kept_to_structure(sequence.shape, draft_logits.argmax(-1).tolist())
     if draft_ahead is not None:
         _draft_ahead_rounds(model, sequence, stats, cache, position, draft_logits, draft_ahead)
-    elif not sequence.finished:  # the first round: verify [y_0, drafts], no draft pass
+    elif not sequence.finished and drafts:  # the first round: verify [y_0, drafts], no draft pass
         verify_logits = _step(model, sequence.tokens + drafts, position,
                               causal_attention_mask(cache.get_seq_length(), 1 + len(drafts), model.device), cache)
         stats.forward_passes += 1
@@ -195,9 +202,8 @@ def _draft_ahead_rounds(model, sequence: _Sequence, stats: DecodeStats, cache: D
                                      draft_ahead.confident(draft_logits).tolist())
     while not sequence.finished:
         room = max(0, sequence.max_new_tokens - len(sequence.tokens) - 1)  # drafts beyond the bonus
-        drafts, alternates, confident = drafts[:room], alternates[:room], confident[:room]
-        layout = RoundLayout.build(sequence.tokens[-1], drafts, draft_ahead.anchors(confident), draft_ahead.block,
-                                   model.mask_token_id, alternates, draft_ahead.branch_depths(confident))
+        layout = draft_ahead.layout(sequence.tokens[-1], drafts[:room], alternates[:room], confident[:room],
+                                    model.mask_token_id, sequence.shape)
         past, length = cache.get_seq_length(), len(layout.tokens)
         mask = torch.ones(length, past + length, dtype=torch.bool, device=device)
         mask[:, past:] = layout.attention(device=device)

@@ -54,6 +54,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .table_drafts import TableShape, branch_tails, repair_drafts
+
 
 @dataclass(frozen=True)
 class DraftAhead:
@@ -100,6 +102,20 @@ class DraftAhead:
         doubtful ones, e_k+1 on."""
         expected = self.expected_accepted(confident)
         return list(range(expected + 1, min(expected + self.branches, len(confident)) + 1))
+
+    def layout(self, x: int, drafts: list[int], alternates: list[int], confident: list[bool], mask_id: int,
+               shape: TableShape | None = None) -> "RoundLayout":
+        """One round's input for these drafts (their second choices and confidence flags);
+        with `shape` (what the committed tokens say of a table), the drafts are first kept
+        to the table's structure (model/table_drafts.py)."""
+        tails = None
+        if shape is not None:
+            repaired = repair_drafts(shape, drafts, alternates, confident, keep_shapes=self.branches > 0)
+            drafts, alternates, confident = repaired.drafts, repaired.alternates, repaired.confident
+        depths = self.branch_depths(confident)
+        if shape is not None and depths and repaired.shapes is not None:
+            tails = branch_tails(shape, repaired, depths, self.block)
+        return RoundLayout.build(x, drafts, self.anchors(confident), self.block, mask_id, alternates, depths, tails)
 
     def confident(self, logits: torch.Tensor) -> torch.Tensor:
         """Per position: is the argmax at least `confidence` probable (log-space: no
@@ -156,18 +172,21 @@ class RoundLayout:
 
     @classmethod
     def build(cls, x: int, drafts: list[int], anchors: list[int], block: int, mask_id: int,
-              alternates: list[int] = (), branch_depths: list[int] = ()) -> "RoundLayout":
+              alternates: list[int] = (), branch_depths: list[int] = (),
+              branch_tails: list[list[int]] | None = None) -> "RoundLayout":
         """`anchors`: depths among [x, drafts]; `branch_depths`: drafts (1-based) whose
         second choice (`alternates`, one per draft) starts a branch of at most `block`
-        tokens, anchored at its first token."""
+        tokens, anchored at its first token, followed by the drafts after the one it
+        replaces, or by its `branch_tails` entry (model/table_drafts.py)."""
         n = len(drafts)
         tokens, offsets = [x] + drafts, list(range(n + 1))
         sees_through, also_sees, own_block = list(range(n + 1)), [(0, 0)] * (n + 1), [(0, 0)] * (n + 1)
         # (depth, sees_through, also_sees) of each anchor token
         anchor_tokens = [(depth, depth, (0, 0)) for depth in anchors]
         branches = []
-        for depth in branch_depths:
-            branch_tokens = [alternates[depth - 1]] + drafts[depth:depth - 1 + block]
+        for index, depth in enumerate(branch_depths):
+            tail = drafts[depth:] if branch_tails is None else branch_tails[index]
+            branch_tokens = [alternates[depth - 1]] + tail[:block - 1]
             start = len(tokens)
             branches.append(Branch(depth, start, len(branch_tokens)))
             tokens += branch_tokens

@@ -59,7 +59,8 @@ class EvalReport:
 
 
 def _decode_all(recognizer: Recognizer, items: list[ManifestItem], mode: str, batch_size: int,
-                block_size: int, draft_ahead: DraftAhead | None = None) -> tuple[dict[str, object], dict[str, str]]:
+                block_size: int, draft_ahead: DraftAhead | None = None,
+                table_drafts: bool = True) -> tuple[dict[str, object], dict[str, str]]:
     """Engine results by item id, and the read errors of items that never reached it."""
     processor = recognizer.processor
     requests, errors = [], {}
@@ -76,14 +77,18 @@ def _decode_all(recognizer: Recognizer, items: list[ManifestItem], mode: str, ba
     engine = Engine(model, EngineConfig(max_batch_size=batch_size, max_seq_len=longest, block_size=block_size,
                                         mode=mode, device=str(model.device), dtype=model.dtype,
                                         num_threads=torch.get_num_threads(), draft_ahead=draft_ahead),
-                    eos_token_ids=processor.eos_token_ids, tokenizer=processor.tokenizer)
+                    eos_token_ids=processor.eos_token_ids, tokenizer=processor.tokenizer,
+                    table_tokens=processor.table_tokens if table_drafts else None)
     results = {r.request_id: r for r in engine.generate(requests)} if requests else {}
     return results, errors
 
 
 def evaluate(recognizer: Recognizer, items: list[ManifestItem], batch_size: int = 32, block_size: int = 32,
-             check_exact: bool = False, draft_ahead: DraftAhead | None = None) -> EvalReport:
-    results, errors = _decode_all(recognizer, items, "spec", batch_size, block_size, draft_ahead)
+             check_exact: bool = False, draft_ahead: DraftAhead | None = None,
+             table_drafts: bool = True) -> EvalReport:
+    """`table_drafts`: keep drafts to a table's structure (model/table_drafts.py); off to
+    measure what it buys."""
+    results, errors = _decode_all(recognizer, items, "spec", batch_size, block_size, draft_ahead, table_drafts)
     exact = None
     if check_exact:
         ar_results, _ = _decode_all(recognizer, items, "ar", batch_size, block_size)
@@ -138,6 +143,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--check-exact", action="store_true", help="also decode with plain AR and compare outputs")
     parser.add_argument("--threads", type=int, help="torch threads (default: all the process may use)")
     parser.add_argument("--items", metavar="FILE", help="write per-item outcomes as JSON lines here")
+    parser.add_argument("--no-table-drafts", action="store_true",
+                        help="leave table structure to the drafter (to measure what keeping drafts to it buys)")
 
 
 def run(args) -> int:
@@ -150,7 +157,8 @@ def run(args) -> int:
         items = items[:args.limit]
     recognizer = load_recognizer(args.model)
     report = evaluate(recognizer, items, args.batch_size, args.block_size, args.check_exact,
-                      DraftAhead(args.draft_ahead, branches=args.draft_branches) if args.draft_ahead else None)
+                      DraftAhead(args.draft_ahead, branches=args.draft_branches) if args.draft_ahead else None,
+                      not args.no_table_drafts)
     if args.items:
         with open(args.items, "w") as stream:
             for outcome in report.items:

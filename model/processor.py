@@ -13,6 +13,7 @@ import torch
 from PIL import Image
 from transformers import Glm46VImageProcessorPil, PreTrainedTokenizerBase
 
+from .table_drafts import TableTokens
 from .tokenizer import SPECIAL
 
 # GLM-OCR's task prompts, one per content type.
@@ -79,6 +80,8 @@ class OcrProcessor:
         self.max_context = max_context
         self.image_token = SPECIAL.image if template == CHAR_TEMPLATE else "<|image|>"
         self.eos_token_ids = [tokenizer.eos_token_id]
+        # Table tags as single tokens let decoders keep drafts to a table's structure.
+        self.table_tokens = TableTokens.of(tokenizer, self.eos_token_ids)
 
     def encode(self, image, task: str = "text", max_new_tokens: int = 0) -> EncodedPrompt:
         if task not in TASK_PROMPTS:

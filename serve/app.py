@@ -298,7 +298,8 @@ class OcrService:
                                      block_size=self.settings.block_size, mode=self.settings.mode,
                                      device=str(model.device), dtype=model.dtype, num_threads=self.settings.threads,
                                      draft_ahead=self.crop_config.draft_ahead_rounds)
-        self.loop = EngineLoop(lambda: Engine(model, engine_config, recognizer.processor.eos_token_ids),
+        self.loop = EngineLoop(lambda: Engine(model, engine_config, recognizer.processor.eos_token_ids,
+                                              table_tokens=recognizer.processor.table_tokens),
                                on_step=_record_engine_step)
         metrics.engine_actor_started(device)
         self.recognizer = recognizer

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from ..decoding import first_block
+from ..table_drafts import TableShape, TableTokens, kept_to_structure
 from .config import EngineConfig
 from .runner import ModelRunner
 from .scheduler import Scheduler
@@ -50,9 +51,12 @@ class EngineStats:
 
 
 class Engine:
-    def __init__(self, model, config: EngineConfig | None = None, eos_token_ids=(), tokenizer=None):
+    def __init__(self, model, config: EngineConfig | None = None, eos_token_ids=(), tokenizer=None,
+                 table_tokens: TableTokens | None = None):
         """`model` is moved to config.device / config.dtype and put in eval mode.
-        `tokenizer` (a tokenizer or an OcrProcessor) is only used to fill RequestResult.text."""
+        `tokenizer` (a tokenizer or an OcrProcessor) is only used to fill RequestResult.text.
+        With `table_tokens`, drafts that reach the host (the prefill's, draft-ahead rounds')
+        are kept to the structure of a table being written, as `speculative_decode` does."""
         self.config = config or EngineConfig()
         torch.set_num_threads(self.config.num_threads)
         context = model.config.text_config.max_position_embeddings
@@ -61,6 +65,7 @@ class Engine:
         self.model = model.to(device=self.config.device, dtype=self.config.dtype).eval()
         self.eos_ids = frozenset(int(t) for t in eos_token_ids)
         self.tokenizer = tokenizer
+        self.table_tokens = table_tokens
         self.runner = ModelRunner(self.model, self.config)
         self.scheduler = Scheduler(self.config.max_batch_size)
         self._stats = EngineStats()
@@ -71,7 +76,8 @@ class Engine:
     def add_request(self, request: Request) -> None:
         """Queue a request; it joins the batch at the start of the next step."""
         self._check(request)
-        sequence = Sequence(request, self.eos_ids, recent_accepted=deque(maxlen=self.config.adaptive_window))
+        sequence = Sequence(request, self.eos_ids, recent_accepted=deque(maxlen=self.config.adaptive_window),
+                            shape=TableShape(self.table_tokens) if self.table_tokens is not None else None)
         self._sequences[request.request_id] = sequence
         self.scheduler.add(sequence)
 
@@ -164,7 +170,7 @@ class Engine:
             sequence.timings.prefill_seconds = elapsed
             self._count_pass(sequence)
             self._commit(sequence, [output.first_tokens[i]], in_decode=False)
-            sequence.drafts = output.drafts[i]
+            sequence.drafts = output.drafts[i] if self.config.draft_ahead else kept_to_structure(sequence.shape, output.drafts[i])
             if self.config.draft_ahead is not None:
                 sequence.drafts_alternates, sequence.drafts_confident = output.alternates[i], output.confident[i]
         self._finish_all([s for s in newcomers if s.finished], finished)

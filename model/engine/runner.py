@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..draft_ahead import RoundLayout, rounds_attention
+from ..draft_ahead import rounds_attention
 from .config import EngineConfig
 from .kv_cache import SlotKVCache, rows_attention_mask
 from .sequence import Sequence
@@ -233,10 +233,8 @@ class ModelRunner:
         layouts = []
         for sequence in sequences:
             room = max(0, sequence.max_new_tokens - len(sequence.tokens) - 1)  # drafts beyond the bonus
-            confident = sequence.drafts_confident[:room]
-            layouts.append(RoundLayout.build(sequence.tokens[-1], sequence.drafts[:room], ahead.anchors(confident),
-                                             ahead.block, self.mask_id, sequence.drafts_alternates[:room],
-                                             ahead.branch_depths(confident)))
+            layouts.append(ahead.layout(sequence.tokens[-1], sequence.drafts[:room], sequence.drafts_alternates[:room],
+                                        sequence.drafts_confident[:room], self.mask_id, sequence.shape))
         n, width = len(sequences), max(len(layout.tokens) for layout in layouts)
         padding = lambda values, fill: values + [fill] * (width - len(values))
         ids = torch.tensor([padding(layout.tokens, self.pad_id) for layout in layouts], dtype=torch.long,

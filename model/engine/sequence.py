@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from ..decoding import DecodeStats
 from ..processor import EncodedPrompt
+from ..table_drafts import TableShape
 
 
 @dataclass
@@ -57,6 +58,7 @@ class Sequence:
     drafts: list[int] = field(default_factory=list)
     drafts_alternates: list[int] = field(default_factory=list)
     drafts_confident: list[bool] = field(default_factory=list)
+    shape: TableShape | None = None  # what the committed tokens say of a table (model/table_drafts.py)
 
     @property
     def prompt_len(self) -> int:
@@ -81,6 +83,8 @@ class Sequence:
             if self.finished:
                 return
             self.tokens.append(token)
+            if self.shape is not None:
+                self.shape.feed(token)
 
     def next_block(self, block_size: int, adaptive: bool) -> int:
         """Draft block for the next round. Never longer than what may still be committed
