@@ -125,9 +125,11 @@ def compare(model, eos_ids, items, batch_size, type_name, args, table_tokens=Non
     common = dict(max_batch_size=batch_size, block_size=args.block_size, num_threads=args.threads)
     modes = {"ar": dict(common, mode="ar"), "spec": dict(common, mode="spec", adaptive_block=args.adaptive)}
     if args.draft_ahead:
-        modes["ahead"] = dict(common, mode="spec", draft_ahead=DraftAhead(args.draft_ahead))
+        switch = args.draft_ahead_max_batch or None
+        modes["ahead"] = dict(common, mode="spec", draft_ahead=DraftAhead(args.draft_ahead),
+                              draft_ahead_max_batch=switch)
         if args.draft_branches:
-            modes["branches"] = dict(common, mode="spec",
+            modes["branches"] = dict(common, mode="spec", draft_ahead_max_batch=switch,
                                      draft_ahead=DraftAhead(args.draft_ahead, branches=args.draft_branches))
     best: dict[str, ModeRun] = {}
     for _ in range(args.repeats):
@@ -211,6 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--draft-branches", type=int, default=0, metavar="N",
                         help="with --draft-ahead: also draft-ahead rounds that verify second-choice branches at the "
                              "first N doubtful drafts, side by side")
+    parser.add_argument("--draft-ahead-max-batch", type=int, default=0, metavar="N",
+                        help="draft-ahead (and branches) columns: one-pass rounds only while at most N "
+                             "sequences run, classic rounds above (0: at any batch size)")
     parser.add_argument("--no-table-drafts", action="store_true",
                         help="leave table structure to the drafter (model/table_drafts.py keeps drafts to it)")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
@@ -273,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         "data": data_note,
         "settings": {"threads": args.threads, "block_size": args.block_size, "adaptive": args.adaptive,
                      "draft_ahead": args.draft_ahead, "draft_branches": args.draft_branches,
-                     "table_drafts": table_tokens is not None,
+                     "table_drafts": table_tokens is not None, "draft_ahead_max_batch": args.draft_ahead_max_batch,
                      "max_new_tokens": args.max_new_tokens, "dtype": args.dtype, "repeats": args.repeats,
                      "clock": args.clock},
         "rows": rows,

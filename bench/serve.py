@@ -113,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-seconds", type=float, default=120, help="time per level at most")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per replica")
     parser.add_argument("--stream", action="store_true", help="stream the answers; report time to first text")
+    parser.add_argument("--draft-ahead", type=int, default=0, metavar="L",
+                        help="also serve with draft-ahead rounds of L masks (mode \"ahead\")")
+    parser.add_argument("--draft-ahead-max-batch", type=int, default=0, metavar="N",
+                        help="with --draft-ahead: only while at most N crops decode together (0: any)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
 
@@ -125,8 +129,11 @@ def main(argv: list[str] | None = None) -> int:
     serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
     rows = []
     try:
-        for mode in ("ar", "spec"):
-            settings = ServeSettings(model=args.model, mode=mode, threads=args.threads, max_concurrent_requests=64)
+        for mode in ("ar", "spec", "ahead") if args.draft_ahead else ("ar", "spec"):
+            settings = ServeSettings(model=args.model, mode="ar" if mode == "ar" else "spec", threads=args.threads,
+                                     max_concurrent_requests=64)
+            if mode == "ahead":
+                settings.draft_ahead, settings.draft_ahead_max_batch = args.draft_ahead, args.draft_ahead_max_batch
             serve.run(build_app(settings, {"ray_actor_options": {"num_cpus": 1}}), name=f"bench-{mode}",
                       route_prefix=f"/{mode}")
             url = f"http://127.0.0.1:{port}/{mode}"

@@ -108,7 +108,7 @@ class DraftAhead:
         """One round's input for these drafts (their second choices and confidence flags);
         with `shape` (what the committed tokens say of a table), the drafts are first kept
         to the table's structure (model/table_drafts.py)."""
-        tails = None
+        alternates, confident, tails = alternates[:len(drafts)], confident[:len(drafts)], None
         if shape is not None:
             repaired = repair_drafts(shape, drafts, alternates, confident, keep_shapes=self.branches > 0)
             drafts, alternates, confident = repaired.drafts, repaired.alternates, repaired.confident

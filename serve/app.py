@@ -297,7 +297,8 @@ class OcrService:
                                      max_seq_len=min(self.settings.max_seq_len, context),
                                      block_size=self.settings.block_size, mode=self.settings.mode,
                                      device=str(model.device), dtype=model.dtype, num_threads=self.settings.threads,
-                                     draft_ahead=self.crop_config.draft_ahead_rounds)
+                                     draft_ahead=self.crop_config.draft_ahead_rounds,
+                                     draft_ahead_max_batch=self.settings.draft_ahead_max_batch or None)
         self.loop = EngineLoop(lambda: Engine(model, engine_config, recognizer.processor.eos_token_ids,
                                               table_tokens=recognizer.processor.table_tokens),
                                on_step=_record_engine_step)

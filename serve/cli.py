@@ -37,6 +37,9 @@ def add_arguments(parser) -> None:
                         help="draft-ahead rounds with blocks of L masks, 0 for classic rounds (overrides the config)")
     parser.add_argument("--draft-branches", type=int, metavar="N",
                         help="second-choice branches per draft-ahead round (overrides the config)")
+    parser.add_argument("--draft-ahead-max-batch", type=int, metavar="N",
+                        help="draft-ahead rounds only while at most N crops decode together, classic rounds "
+                             "above; 0: at any batch size (overrides the config)")
 
 
 def run(args) -> int:
@@ -54,8 +57,12 @@ def run(args) -> int:
         settings.draft_ahead = args.draft_ahead
     if args.draft_branches is not None:
         settings.draft_branches = args.draft_branches
+    if args.draft_ahead_max_batch is not None:
+        settings.draft_ahead_max_batch = args.draft_ahead_max_batch
     if settings.draft_branches and not settings.draft_ahead:
         raise SystemExit("gravityocr serve: draft_branches needs draft-ahead rounds: set --draft-ahead too")
+    if settings.draft_ahead_max_batch < 0:
+        raise SystemExit("gravityocr serve: --draft-ahead-max-batch must be at least 0 (0: any batch size)")
     host = args.host or http_options.get("host", "127.0.0.1")
     port = args.port or http_options.get("port", 8000)
     ray.init(address=args.address, log_to_driver=False)

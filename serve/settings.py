@@ -21,6 +21,9 @@ class ServeSettings:
     # low concurrency, less throughput in large CPU batches); 0: classic rounds.
     draft_ahead: int = 0
     draft_branches: int = 0  # with draft_ahead: second-choice branches verified in each round
+    # With draft_ahead: one-pass rounds only while at most this many crops decode together,
+    # classic rounds above (0: at any batch size).
+    draft_ahead_max_batch: int = 0
     max_seq_len: int = 2048  # prompt + output tokens of one crop
     max_new_tokens: int = 1024  # cap per crop (chat requests may ask for less)
     dpi: float = 150
@@ -49,6 +52,8 @@ class ServeSettings:
             raise ValueError(f"mode must be 'spec' or 'ar', got {settings.mode!r}")
         if settings.draft_branches and not settings.draft_ahead:
             raise ValueError("draft_branches needs draft-ahead rounds: set draft_ahead too")
+        if settings.draft_ahead_max_batch < 0:
+            raise ValueError(f"draft_ahead_max_batch must be at least 0 (0: any batch), got {settings.draft_ahead_max_batch}")
         return settings
 
     def api_token(self) -> str | None:

@@ -40,6 +40,9 @@ def test_serve_settings_carry_device_and_dtype():
     with pytest.raises(ValueError, match="draft_branches needs draft-ahead"):
         ServeSettings.from_args({"draft_branches": 2})
     assert ServeSettings.from_args({"draft_ahead": 16, "draft_branches": 4}).draft_branches == 4
+    with pytest.raises(ValueError, match="draft_ahead_max_batch must be at least 0"):
+        ServeSettings.from_args({"draft_ahead": 16, "draft_ahead_max_batch": -1})
+    assert ServeSettings.from_args({"draft_ahead": 16, "draft_ahead_max_batch": 2}).draft_ahead_max_batch == 2
 
 
 def test_engine_honours_its_dtype(trained_tiny_model, overfit_samples, tokenizer):

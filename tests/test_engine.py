@@ -142,6 +142,33 @@ def test_draft_ahead_rounds_fit_a_slot_filled_to_the_last_token(model, eos, prom
         assert result.token_ids == expected(greedy_outputs, index, request.max_new_tokens)
 
 
+@pytest.mark.parametrize("draft_ahead", [DraftAhead(4, 0.5), DraftAhead(4, 0.5, branches=2)], ids=["blocks", "branches"])
+def test_rounds_switch_kind_with_the_batch_size_and_stay_exact(model, eos, prompt_pool, greedy_outputs, draft_ahead):
+    """With draft_ahead_max_batch, a few running sequences decode in draft-ahead rounds and
+    a full batch in classic rounds: sequences cross from one kind to the other both ways
+    (a classic round verifies the drafts a draft-ahead round left first; a draft-ahead round
+    after classic ones starts without drafts), and every output is still greedy's."""
+    engine = engine_for(model, eos, max_batch_size=8, block_size=8, draft_ahead=draft_ahead, draft_ahead_max_batch=3)
+    first, later = make_requests(3, prompt_pool), make_requests(9, prompt_pool, first=3)
+    for request, _ in first:
+        engine.add_request(request)
+    results, kinds = {}, []
+    while engine.has_work():
+        before = engine.stats().draft_ahead_rounds
+        results.update((r.request_id, r) for r in engine.step())
+        kinds.append("ahead" if engine.stats().draft_ahead_rounds > before else "classic")
+        if len(kinds) == 2:
+            for request, _ in later:
+                engine.add_request(request)
+    for request, index in first + later:
+        assert results[request.request_id].token_ids == expected(greedy_outputs, index, request.max_new_tokens)
+    assert kinds[:2] == ["ahead", "ahead"] and kinds[2] == "classic" and kinds[-1] == "ahead"
+    stats = engine.stats()
+    assert 0 < stats.draft_ahead_rounds < stats.rounds == len(kinds)
+    with pytest.raises(ValueError, match="draft_ahead_max_batch must be at least 1"):
+        EngineConfig(draft_ahead=draft_ahead, draft_ahead_max_batch=0)
+
+
 def test_adaptive_block_is_exact(model, eos, prompt_pool, greedy_outputs):
     engine = engine_for(model, eos, max_batch_size=16, block_size=32, adaptive_block=True)
     requests = make_requests(20, prompt_pool)
@@ -347,13 +374,15 @@ def test_bench_decode_prints_rows_and_peers(model, processor, tmp_path, capsys):
 
     save_recognizer(Recognizer(model, processor), tmp_path / "model")
     argv = ["--model", str(tmp_path / "model"), "--dtype", "float64", "--batch-sizes", "1,3", "--limit", "3",
-            "--max-new-tokens", "12", "--repeats", "1", "--threads", "1", "--draft-ahead", "8", "--draft-branches", "2", "--json"]
+            "--max-new-tokens", "12", "--repeats", "1", "--threads", "1", "--draft-ahead", "8", "--draft-branches", "2",
+            "--draft-ahead-max-batch", "2", "--json"]
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
+    assert report["settings"]["draft_ahead_max_batch"] == 2 and report["settings"]["table_drafts"] is True
     assert {(row["batch_size"], row["type"]) for row in report["rows"]} == {
         (b, t) for b in (1, 3) for t in ("all", "text", "table", "formula")}
     for row in report["rows"]:
-        assert row["exact"] is True  # classic and draft-ahead, with and without branches, all equal AR
+        assert row["exact"] is True  # classic and draft-ahead (classic rounds at batch 3), with and without branches
         assert row["tpf"] >= 1.0 and row["ar_tok_s"] > 0 and row["spec_tok_s"] > 0
         assert row["ahead_tpf"] >= 1.0 and row["ahead_tok_s"] > 0
         assert row["branches_tpf"] >= 1.0 and row["branches_tok_s"] > 0

@@ -41,6 +41,11 @@ class EngineConfig:
     # One pass per round: verify the drafts and draft the next round in the same pass
     # (model/draft_ahead.py); None: the classic draft pass + verify pass.
     draft_ahead: DraftAhead | None = None
+    # Draft-ahead rounds only while at most this many sequences run, classic rounds above
+    # (None: at any batch size). A one-pass round commits more per pass but its pass is
+    # longer: where a pass costs by its tokens (a CPU, a large batch) classic rounds win.
+    # Both are exact, so a sequence may switch between rounds of either kind.
+    draft_ahead_max_batch: int | None = None
 
     def __post_init__(self):
         if self.mode not in ("spec", "ar"):
@@ -53,6 +58,13 @@ class EngineConfig:
             raise ValueError(f"num_threads must be at least 1, got {self.num_threads}")
         if self.draft_ahead is not None:
             self.draft_ahead.check_fits(self.block_size)
+        if self.draft_ahead_max_batch is not None and self.draft_ahead_max_batch < 1:
+            raise ValueError(f"draft_ahead_max_batch must be at least 1 (None: any batch), got {self.draft_ahead_max_batch}")
+
+    def drafts_ahead(self, running: int) -> bool:
+        """Whether a round of `running` sequences is a draft-ahead round."""
+        return self.mode == "spec" and self.draft_ahead is not None and (
+            self.draft_ahead_max_batch is None or running <= self.draft_ahead_max_batch)
 
     def check_fits(self, request_id: str, prompt_length: int, max_new_tokens: int) -> None:
         """Raise RequestTooLong if prompt + max_new_tokens cannot finish in one slot."""

@@ -32,6 +32,7 @@ class EngineStats:
 
     batches_run: int = 0  # batched forward passes (prefill, draft, verify, AR)
     rounds: int = 0  # decode rounds (one per step that had running sequences)
+    draft_ahead_rounds: int = 0  # of them, one-pass rounds (EngineConfig.draft_ahead)
     batch_size: int = 0  # sequences running now
     waiting: int = 0  # requests queued for a slot
     finished_requests: int = 0
@@ -112,8 +113,9 @@ class Engine:
         running = list(self.scheduler.running)
         if running:
             start, cpu_start = time.perf_counter(), time.process_time()
-            if self.config.mode == "spec" and self.config.draft_ahead is not None:
+            if self.config.drafts_ahead(len(running)):
                 self._draft_ahead_round(running)
+                self._stats.draft_ahead_rounds += 1
             elif self.config.mode == "spec":
                 self._speculative_round(running)
             else:
@@ -170,16 +172,20 @@ class Engine:
             sequence.timings.prefill_seconds = elapsed
             self._count_pass(sequence)
             self._commit(sequence, [output.first_tokens[i]], in_decode=False)
-            sequence.drafts = output.drafts[i] if self.config.draft_ahead else kept_to_structure(sequence.shape, output.drafts[i])
+            sequence.drafts = output.drafts[i]
             if self.config.draft_ahead is not None:
                 sequence.drafts_alternates, sequence.drafts_confident = output.alternates[i], output.confident[i]
         self._finish_all([s for s in newcomers if s.finished], finished)
 
     def _speculative_round(self, running: list[Sequence]) -> None:
+        for sequence in running:  # drafts from the prefill or a draft-ahead round: verified first
+            room = max(0, sequence.max_new_tokens - len(sequence.tokens) - 1)  # drafts beyond the bonus
+            sequence.drafts = kept_to_structure(sequence.shape, sequence.drafts[:room])
+            sequence.drafts_alternates, sequence.drafts_confident = [], []
         blocks = [s.next_block(self.config.block_size, self.config.adaptive_block) for s in running]
         output = self.runner.speculative_round(running, blocks)
         for sequence, y, accepted, after_y in zip(running, output.y, output.accepted, output.after_y):
-            if y is None:  # verified the prefill's drafts: no draft pass of its own
+            if y is None:  # verified the drafts it came with: no draft pass of its own
                 sequence.drafts = []
             else:
                 self._count_pass(sequence)  # draft
