@@ -32,7 +32,9 @@ the shipped weights (one sequence at a time, L = 16): TPF 4.27 without branches,
 with N = 4 (text 5.72, table 4.57, formula 4.21); on a quarter of it N = 0 / 1 / 2 / 3 /
 4 / 6 gave 4.33 / 4.72 / 4.85 / 5.02 / 5.10 / 5.24; branching instead at the N drafts
 whose second choices are the most probable gave 5.04 (N = 4, branches of 32). A branch
-lengthens the pass by up to 2L tokens (itself and its block).
+lengthens the pass by up to 2L tokens (itself and its block). Inside a table the drafts
+are first kept to its structure (model/table_drafts.py): TPF 4.37 without branches and
+5.28 with N = 4 (tables 4.23 and 5.23); longer blocks (L = 24, 32) change nothing there.
 
 Exactness is untouched: every committed token is still the causal model's argmax given
 the committed tokens before it; the masks and branches only choose what is verified. A
@@ -44,7 +46,11 @@ batches on a CPU, where a pass costs by its tokens, classic rounds decode faster
 threads, batch 1: 630 vs 582 tokens/s; batch 8: 920 vs 1219; batch 32: 842 vs 1264).
 Branches make the pass longer still: `--draft-branches 4`, batch 1, on another machine
 of the same kind: AR 206, classic 322, draft-ahead 345, with branches 262 tokens/s at TPF
-3.25 / 4.27 / 5.09; they are for devices where a longer pass costs little.
+3.25 / 4.27 / 5.09; they are for devices where a longer pass costs little. With
+`EngineConfig.draft_ahead_max_batch` the engine runs these rounds only while few sequences
+run and classic rounds above (quarter of the held-out set, 2 CPU threads, table drafts:
+draft-ahead vs classic 368 vs 323 tokens/s at batch 1, 618 vs 518 at 2, 637 vs 658 at 4,
+622 vs 745 at 8).
 """
 
 from __future__ import annotations
