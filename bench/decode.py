@@ -102,7 +102,7 @@ def load_items(processor, data: str | None, limit: int | None) -> tuple[list[Ben
 # --- runs --------------------------------------------------------------------------------
 
 def run_mode(model, eos_ids, items: list[BenchItem], count: int, max_new_tokens: int, settings: dict,
-             clock: str = "wall", table_tokens=None) -> ModeRun:
+             clock: str = "wall", draft_rules=None) -> ModeRun:
     """`count` requests cycling through `items`, decoded by a fresh engine. clock "cpu"
     divides by the process's CPU time instead of wall time: on a machine shared with other
     jobs it is the steadier figure, but it counts every thread's time, so it cannot show
@@ -110,14 +110,14 @@ def run_mode(model, eos_ids, items: list[BenchItem], count: int, max_new_tokens:
     requests = [Request(f"{i}", items[i % len(items)].prompt, max_new_tokens) for i in range(count)]
     longest = max(r.prompt.length for r in requests) + max_new_tokens
     config = EngineConfig(max_seq_len=longest, device=str(model.device), dtype=model.dtype, **settings)
-    engine = Engine(model, config, eos_ids, table_tokens=table_tokens)
+    engine = Engine(model, config, eos_ids, draft_rules=draft_rules)
     results = engine.generate(requests)
     stats = engine.stats()
     seconds = stats.decode_cpu_seconds if clock == "cpu" else stats.decode_seconds
     return ModeRun(results, stats.decode_tokens / seconds if seconds else 0.0)
 
 
-def compare(model, eos_ids, items, batch_size, type_name, args, table_tokens=None) -> dict:
+def compare(model, eos_ids, items, batch_size, type_name, args, draft_rules=None) -> dict:
     """AR and spec on the same requests. Runs alternate (AR, spec, AR, spec, ...) and the
     fastest of each counts: other processes only ever slow a run down, and alternating
     exposes both modes to the same spells of contention."""
@@ -134,7 +134,7 @@ def compare(model, eos_ids, items, batch_size, type_name, args, table_tokens=Non
     best: dict[str, ModeRun] = {}
     for _ in range(args.repeats):
         for name, settings in modes.items():
-            run = run_mode(model, eos_ids, items, count, args.max_new_tokens, settings, args.clock, table_tokens)
+            run = run_mode(model, eos_ids, items, count, args.max_new_tokens, settings, args.clock, draft_rules)
             if name not in best or run.tokens_per_second > best[name].tokens_per_second:
                 best[name] = run
     ar = best["ar"]
@@ -216,8 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--draft-ahead-max-batch", type=int, default=0, metavar="N",
                         help="draft-ahead (and branches) columns: one-pass rounds only while at most N "
                              "sequences run, classic rounds above (0: at any batch size)")
-    parser.add_argument("--no-table-drafts", action="store_true",
-                        help="leave table structure to the drafter (model/table_drafts.py keeps drafts to it)")
+    parser.add_argument("--no-structured-drafts", action="store_true",
+                        help="leave table structure and LaTeX command names to the drafter "
+                             "(model/draft_rules.py keeps drafts to them)")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--limit", type=int, help="only the first N items")
     parser.add_argument("--max-new-tokens", type=int, default=256)
@@ -269,8 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     groups = {"all": items}
     for item in items:
         groups.setdefault(item.type, []).append(item)
-    table_tokens = None if args.no_table_drafts else processor.table_tokens
-    rows = [compare(model, eos_ids, group, batch_size, type_name, args, table_tokens)
+    draft_rules = None if args.no_structured_drafts else processor.draft_rules
+    rows = [compare(model, eos_ids, group, batch_size, type_name, args, draft_rules)
             for batch_size in batch_sizes for type_name, group in groups.items()
             if not (type_name != "all" and len(groups) == 2)]  # one type only: "all" says it
     report = {
@@ -278,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         "data": data_note,
         "settings": {"threads": args.threads, "block_size": args.block_size, "adaptive": args.adaptive,
                      "draft_ahead": args.draft_ahead, "draft_branches": args.draft_branches,
-                     "table_drafts": table_tokens is not None, "draft_ahead_max_batch": args.draft_ahead_max_batch,
+                     "structured_drafts": draft_rules is not None, "draft_ahead_max_batch": args.draft_ahead_max_batch,
                      "max_new_tokens": args.max_new_tokens, "dtype": args.dtype, "repeats": args.repeats,
                      "clock": args.clock},
         "rows": rows,

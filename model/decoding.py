@@ -28,7 +28,8 @@ from .attention import causal_attention_mask, draft_attention_mask
 from .draft_ahead import DraftAhead, RoundOutcome, accepted_prefix
 from .modeling import GravityOcrForConditionalGeneration
 from .processor import EncodedPrompt
-from .table_drafts import TableShape, TableTokens, kept_to_structure
+from .draft_rules import DraftRules
+from .structured_drafts import kept_to_structure
 
 
 @dataclass
@@ -51,11 +52,11 @@ class DecodeResult:
 class _Sequence:
     """Committed tokens of one request and the rule for when it is finished."""
 
-    def __init__(self, eos_ids: set[int], max_new_tokens: int, table_tokens: TableTokens | None = None):
+    def __init__(self, eos_ids: set[int], max_new_tokens: int, shape=None):
         self.tokens: list[int] = []
         self.eos_ids = eos_ids
         self.max_new_tokens = max_new_tokens
-        self.shape = TableShape(table_tokens) if table_tokens is not None else None
+        self.shape = shape  # what the committed tokens say of a table or formula (model/structured_drafts.py)
 
     @property
     def finished(self) -> bool:
@@ -143,11 +144,11 @@ def greedy_decode(model, prompt: EncodedPrompt, max_new_tokens: int, eos_ids: se
 @torch.no_grad()
 def speculative_decode(model, prompt: EncodedPrompt, max_new_tokens: int, eos_ids: set[int],
                        block_size: int = 32, draft_ahead: DraftAhead | None = None,
-                       table_tokens: TableTokens | None = None) -> DecodeResult:
+                       draft_rules: DraftRules | None = None) -> DecodeResult:
     """Self-speculative decoding; output identical to `greedy_decode` of the same weights.
     With `draft_ahead`, each round after the prefill is one pass (model/draft_ahead.py).
-    With `table_tokens`, drafts that reach the host (the prefill's, draft-ahead rounds')
-    are kept to the structure of a table being written (model/table_drafts.py)."""
+    With `draft_rules`, drafts that reach the host (the prefill's, draft-ahead rounds')
+    are kept to the structure of the table or formula being written (model/draft_rules.py)."""
     check_length(prompt, max_new_tokens, model)
     if block_size < 2:
         raise ValueError(f"block_size must be at least 2, got {block_size}")
@@ -156,7 +157,7 @@ def speculative_decode(model, prompt: EncodedPrompt, max_new_tokens: int, eos_id
     cache = DynamicCache(config=model.config.text_config)
     logits, position, draft_logits = prefill_with_drafts(model, prompt, cache,
                                                          first_block(block_size, max_new_tokens))
-    sequence = _Sequence(eos_ids, max_new_tokens, table_tokens)
+    sequence = _Sequence(eos_ids, max_new_tokens, draft_rules.shape_for(prompt.task) if draft_rules else None)
     stats = DecodeStats(forward_passes=1)
     sequence.commit([int(logits.argmax())])
     drafts = kept_to_structure(sequence.shape, draft_logits.argmax(-1).tolist())

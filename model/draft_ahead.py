@@ -32,9 +32,10 @@ the shipped weights (one sequence at a time, L = 16): TPF 4.27 without branches,
 with N = 4 (text 5.72, table 4.57, formula 4.21); on a quarter of it N = 0 / 1 / 2 / 3 /
 4 / 6 gave 4.33 / 4.72 / 4.85 / 5.02 / 5.10 / 5.24; branching instead at the N drafts
 whose second choices are the most probable gave 5.04 (N = 4, branches of 32). A branch
-lengthens the pass by up to 2L tokens (itself and its block). Inside a table the drafts
-are first kept to its structure (model/table_drafts.py): TPF 4.37 without branches and
-5.28 with N = 4 (tables 4.23 and 5.23); longer blocks (L = 24, 32) change nothing there.
+lengthens the pass by up to 2L tokens (itself and its block). The drafts are first kept
+to the structure being written (model/structured_drafts.py: table tags, LaTeX command
+names): TPF 4.42 without branches and 5.31 with N = 4 (tables 4.23 and 5.23, formulas
+3.90 and 4.35); longer blocks (L = 24, 32) change nothing for tables.
 
 Exactness is untouched: every committed token is still the causal model's argmax given
 the committed tokens before it; the masks and branches only choose what is verified. A
@@ -60,7 +61,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .table_drafts import TableShape, branch_tails, repair_drafts
+from .structured_drafts import branch_tails
 
 
 @dataclass(frozen=True)
@@ -110,13 +111,13 @@ class DraftAhead:
         return list(range(expected + 1, min(expected + self.branches, len(confident)) + 1))
 
     def layout(self, x: int, drafts: list[int], alternates: list[int], confident: list[bool], mask_id: int,
-               shape: TableShape | None = None) -> "RoundLayout":
+               shape=None) -> "RoundLayout":
         """One round's input for these drafts (their second choices and confidence flags);
-        with `shape` (what the committed tokens say of a table), the drafts are first kept
-        to the table's structure (model/table_drafts.py)."""
+        with `shape` (what the committed tokens say of a table or a formula), the drafts are
+        first kept to that structure (model/structured_drafts.py)."""
         alternates, confident, tails = alternates[:len(drafts)], confident[:len(drafts)], None
         if shape is not None:
-            repaired = repair_drafts(shape, drafts, alternates, confident, keep_shapes=self.branches > 0)
+            repaired = shape.repair(drafts, alternates, confident, keep_shapes=self.branches > 0)
             drafts, alternates, confident = repaired.drafts, repaired.alternates, repaired.confident
         depths = self.branch_depths(confident)
         if shape is not None and depths and repaired.shapes is not None:
@@ -183,7 +184,7 @@ class RoundLayout:
         """`anchors`: depths among [x, drafts]; `branch_depths`: drafts (1-based) whose
         second choice (`alternates`, one per draft) starts a branch of at most `block`
         tokens, anchored at its first token, followed by the drafts after the one it
-        replaces, or by its `branch_tails` entry (model/table_drafts.py)."""
+        replaces, or by its `branch_tails` entry (model/structured_drafts.py)."""
         n = len(drafts)
         tokens, offsets = [x] + drafts, list(range(n + 1))
         sees_through, also_sees, own_block = list(range(n + 1)), [(0, 0)] * (n + 1), [(0, 0)] * (n + 1)

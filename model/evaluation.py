@@ -60,7 +60,7 @@ class EvalReport:
 
 def _decode_all(recognizer: Recognizer, items: list[ManifestItem], mode: str, batch_size: int,
                 block_size: int, draft_ahead: DraftAhead | None = None,
-                table_drafts: bool = True) -> tuple[dict[str, object], dict[str, str]]:
+                structured_drafts: bool = True) -> tuple[dict[str, object], dict[str, str]]:
     """Engine results by item id, and the read errors of items that never reached it."""
     processor = recognizer.processor
     requests, errors = [], {}
@@ -78,17 +78,17 @@ def _decode_all(recognizer: Recognizer, items: list[ManifestItem], mode: str, ba
                                         mode=mode, device=str(model.device), dtype=model.dtype,
                                         num_threads=torch.get_num_threads(), draft_ahead=draft_ahead),
                     eos_token_ids=processor.eos_token_ids, tokenizer=processor.tokenizer,
-                    table_tokens=processor.table_tokens if table_drafts else None)
+                    draft_rules=processor.draft_rules if structured_drafts else None)
     results = {r.request_id: r for r in engine.generate(requests)} if requests else {}
     return results, errors
 
 
 def evaluate(recognizer: Recognizer, items: list[ManifestItem], batch_size: int = 32, block_size: int = 32,
              check_exact: bool = False, draft_ahead: DraftAhead | None = None,
-             table_drafts: bool = True) -> EvalReport:
-    """`table_drafts`: keep drafts to a table's structure (model/table_drafts.py); off to
-    measure what it buys."""
-    results, errors = _decode_all(recognizer, items, "spec", batch_size, block_size, draft_ahead, table_drafts)
+             structured_drafts: bool = True) -> EvalReport:
+    """`structured_drafts`: keep drafts to a table's structure and LaTeX's command names
+    (model/draft_rules.py); off to measure what it buys."""
+    results, errors = _decode_all(recognizer, items, "spec", batch_size, block_size, draft_ahead, structured_drafts)
     exact = None
     if check_exact:
         ar_results, _ = _decode_all(recognizer, items, "ar", batch_size, block_size)
@@ -143,8 +143,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--check-exact", action="store_true", help="also decode with plain AR and compare outputs")
     parser.add_argument("--threads", type=int, help="torch threads (default: all the process may use)")
     parser.add_argument("--items", metavar="FILE", help="write per-item outcomes as JSON lines here")
-    parser.add_argument("--no-table-drafts", action="store_true",
-                        help="leave table structure to the drafter (to measure what keeping drafts to it buys)")
+    parser.add_argument("--no-structured-drafts", action="store_true",
+                        help="leave table structure and LaTeX command names to the drafter (to measure what "
+                             "keeping drafts to them buys)")
 
 
 def run(args) -> int:
@@ -158,7 +159,7 @@ def run(args) -> int:
     recognizer = load_recognizer(args.model)
     report = evaluate(recognizer, items, args.batch_size, args.block_size, args.check_exact,
                       DraftAhead(args.draft_ahead, branches=args.draft_branches) if args.draft_ahead else None,
-                      not args.no_table_drafts)
+                      not args.no_structured_drafts)
     if args.items:
         with open(args.items, "w") as stream:
             for outcome in report.items:

@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 from transformers import Glm46VImageProcessorPil, PreTrainedTokenizerBase
 
-from .table_drafts import TableTokens
+from .draft_rules import DraftRules
 from .tokenizer import SPECIAL
 
 # GLM-OCR's task prompts, one per content type.
@@ -80,8 +80,9 @@ class OcrProcessor:
         self.max_context = max_context
         self.image_token = SPECIAL.image if template == CHAR_TEMPLATE else "<|image|>"
         self.eos_token_ids = [tokenizer.eos_token_id]
-        # Table tags as single tokens let decoders keep drafts to a table's structure.
-        self.table_tokens = TableTokens.of(tokenizer, self.eos_token_ids)
+        # Table tags and LaTeX letters as single tokens let decoders keep drafts to a
+        # table's structure and to LaTeX's command names.
+        self.draft_rules = DraftRules.of(tokenizer, self.eos_token_ids)
 
     def encode(self, image, task: str = "text", max_new_tokens: int = 0) -> EncodedPrompt:
         if task not in TASK_PROMPTS:

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from .structured_drafts import RepairedDrafts
+
 MARKUP = {
     "table": "<table>", "table_end": "</table>", "row": "<tr>", "row_end": "</tr>", "cell": "<td>",
     "cell_end": "</td>", "header": "<th>", "header_end": "</th>", "tag_open": "<", "colspan": ' colspan="',
@@ -59,7 +61,7 @@ class TableTokens:
         ids = {}
         for name, text in list(MARKUP.items()) + [(str(d), str(d)) for d in range(10)]:
             encoded = tokenizer.encode(text, add_special_tokens=False)
-            if len(encoded) != 1:
+            if len(encoded) != 1 or encoded[0] == tokenizer.unk_token_id:
                 return None
             ids[name] = encoded[0]
         return cls(**{name: ids[name] for name in MARKUP}, digits=tuple(ids[str(d)] for d in range(10)),
@@ -141,6 +143,10 @@ class TableShape:
         else:
             self.span_kind = None
 
+    def repair(self, drafts: list[int], alternates: list[int], confident: list[bool],
+               keep_shapes: bool = False) -> RepairedDrafts:
+        return repair_drafts(self, drafts, alternates, confident, keep_shapes)
+
     def choose(self, draft: int) -> tuple[int | None, int | None]:
         """(the token to draft instead of `draft`, None to drop it; the second choice the
         structure offers, None if it offers none)."""
@@ -172,14 +178,6 @@ class TableShape:
         return draft, None
 
 
-@dataclass(frozen=True)
-class RepairedDrafts:
-    drafts: list[int]
-    alternates: list[int]
-    confident: list[bool]
-    shapes: list[TableShape] | None  # the shape after each draft (kept on request); None: unchanged
-
-
 def repair_drafts(shape: TableShape, drafts: list[int], alternates: list[int], confident: list[bool],
                   keep_shapes: bool = False) -> RepairedDrafts:
     """Drafts (with second choices and confidence flags) after the tokens `shape` has been
@@ -202,25 +200,3 @@ def repair_drafts(shape: TableShape, drafts: list[int], alternates: list[int], c
         if choice in shape.tokens.eos:
             break
     return out
-
-
-def kept_to_structure(shape: TableShape | None, drafts: list[int]) -> list[int]:
-    """Drafts after the tokens `shape` has been fed, kept to a table's structure (as they
-    are where no shape is kept)."""
-    if shape is None:
-        return drafts
-    return repair_drafts(shape, drafts, drafts, [True] * len(drafts)).drafts
-
-
-def branch_tails(shape: TableShape, repaired: RepairedDrafts, depths: list[int], block: int) -> list[list[int]]:
-    """For each branch at draft `depth` (its first token the second choice there): the
-    drafts after it, kept to the structure that follows that second choice (at most
-    block - 1). `repaired` must keep its shapes."""
-    tails = []
-    for depth in depths:
-        before = repaired.shapes[depth - 2] if depth > 1 else shape
-        branch_shape = before.copy()
-        branch_shape.feed(repaired.alternates[depth - 1])
-        rest = repaired.drafts[depth:depth - 1 + block]
-        tails.append(repair_drafts(branch_shape, rest, rest, [True] * len(rest)).drafts)
-    return tails

@@ -170,7 +170,7 @@ class CropRecognizer:
                          dtype=model.dtype, num_threads=torch.get_num_threads(),
                          draft_ahead=self.config.draft_ahead_rounds),
             eos_token_ids=self.recognizer.processor.eos_token_ids,
-            table_tokens=self.recognizer.processor.table_tokens,
+            draft_rules=self.recognizer.processor.draft_rules,
         )
         results: dict[int, CropResult] = {}
         for job in jobs:
@@ -192,7 +192,7 @@ class CropRecognizer:
             try:
                 if self.config.mode == "spec":
                     decoded = speculative_decode(model, job.prompt, job.max_new_tokens, eos, self.config.block_size,
-                                                 self.config.draft_ahead_rounds, self.recognizer.processor.table_tokens)
+                                                 self.config.draft_ahead_rounds, self.recognizer.processor.draft_rules)
                 else:
                     decoded = greedy_decode(model, job.prompt, job.max_new_tokens, eos)
             except ValueError as error:

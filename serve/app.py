@@ -300,7 +300,7 @@ class OcrService:
                                      draft_ahead=self.crop_config.draft_ahead_rounds,
                                      draft_ahead_max_batch=self.settings.draft_ahead_max_batch or None)
         self.loop = EngineLoop(lambda: Engine(model, engine_config, recognizer.processor.eos_token_ids,
-                                              table_tokens=recognizer.processor.table_tokens),
+                                              draft_rules=recognizer.processor.draft_rules),
                                on_step=_record_engine_step)
         metrics.engine_actor_started(device)
         self.recognizer = recognizer

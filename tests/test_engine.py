@@ -378,7 +378,7 @@ def test_bench_decode_prints_rows_and_peers(model, processor, tmp_path, capsys):
             "--draft-ahead-max-batch", "2", "--json"]
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["settings"]["draft_ahead_max_batch"] == 2 and report["settings"]["table_drafts"] is True
+    assert report["settings"]["draft_ahead_max_batch"] == 2 and report["settings"]["structured_drafts"] is True
     assert {(row["batch_size"], row["type"]) for row in report["rows"]} == {
         (b, t) for b in (1, 3) for t in ("all", "text", "table", "formula")}
     for row in report["rows"]:

@@ -55,9 +55,9 @@ def test_eval_json_on_a_trained_tiny_model(tmp_path, trained_tiny_model, process
     branched = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert branched["exact"] is True
     assert {k: branched[k] for k in ("text", "table", "formula")} == {k: report[k] for k in ("text", "table", "formula")}
-    # Leaving table structure to the drafter: the same reading.
+    # Leaving table structure and LaTeX names to the drafter: the same reading.
     assert main(["eval", str(data), "--model", str(model_dir), "--json", "--check-exact", "--block-size", "16",
-                 "--draft-ahead", "8", "--draft-branches", "3", "--no-table-drafts"]) == 0
+                 "--draft-ahead", "8", "--draft-branches", "3", "--no-structured-drafts"]) == 0
     free = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert free["exact"] is True
     assert {k: free[k] for k in ("text", "table", "formula")} == {k: report[k] for k in ("text", "table", "formula")}

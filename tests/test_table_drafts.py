@@ -1,22 +1,14 @@
-"""Drafts kept to a table's structure: the rules, and that decoding with them stays greedy
-AR's output (reference decoder and engine) while it takes fewer passes on real tables."""
+"""Drafts kept to a table's structure: the rules (decoding with them: test_structured_drafts.py)."""
 
 from __future__ import annotations
 
 import pytest
-import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from gravityocr.model.decoding import greedy_decode, speculative_decode
 from gravityocr.model.draft_ahead import DraftAhead
-from gravityocr.model.engine import Engine, EngineConfig, Request
-from gravityocr.model.evaluation import MAX_NEW_TOKENS
-from gravityocr.model.loading import DEFAULT_MODEL_DIR, load_recognizer
-from gravityocr.model.manifest import read_manifest
-from gravityocr.model.table_drafts import TableShape, TableTokens, branch_tails, kept_to_structure, repair_drafts
-
-HELDOUT = DEFAULT_MODEL_DIR.parents[1] / "data" / "heldout"
+from gravityocr.model.structured_drafts import branch_tails, kept_to_structure
+from gravityocr.model.table_drafts import TableShape, TableTokens, repair_drafts
 
 
 @pytest.fixture(scope="module")
@@ -131,50 +123,3 @@ def test_no_table_tokens_where_tags_are_not_single_tokens():
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", eos_token="<eos>")
     assert len(tokenizer.encode("<table>", add_special_tokens=False)) > 1
     assert TableTokens.of(tokenizer, [1]) is None
-
-
-# --- the shipped model on held-out tables ----------------------------------------------
-
-@pytest.fixture(scope="module")
-def shipped():
-    recognizer = load_recognizer(DEFAULT_MODEL_DIR, dtype=torch.float64)
-    tables = [item for item in read_manifest(HELDOUT) if item.type == "table"][:6]
-    prompts = [recognizer.processor.encode(item.load_image(), "table") for item in tables]
-    return recognizer, prompts
-
-
-DECODERS = {"classic": None, "ahead": DraftAhead(16), "branches": DraftAhead(16, branches=4)}
-
-
-@pytest.mark.parametrize("decoder", DECODERS)
-def test_shipped_model_tables_stay_exact_in_fewer_passes(shipped, decoder):
-    recognizer, prompts = shipped
-    model, processor, ahead = recognizer.model, recognizer.processor, DECODERS[decoder]
-    eos, limit = set(processor.eos_token_ids), MAX_NEW_TOKENS["table"]
-    passes = {"kept": 0, "free": 0}
-    for prompt in prompts:
-        greedy = greedy_decode(model, prompt, limit, eos).token_ids
-        for name, table_tokens in (("kept", processor.table_tokens), ("free", None)):
-            result = speculative_decode(model, prompt, limit, eos, 32, ahead, table_tokens)
-            assert result.token_ids == greedy
-            passes[name] += result.stats.forward_passes
-    assert passes["kept"] <= passes["free"]
-    if ahead is not None:  # every round's drafts pass the host: the structure saves passes
-        assert passes["kept"] < passes["free"]
-
-
-@pytest.mark.parametrize("decoder", DECODERS)
-def test_engine_keeps_drafts_to_tables_as_the_reference_does(shipped, decoder):
-    recognizer, prompts = shipped
-    model, processor, ahead = recognizer.model, recognizer.processor, DECODERS[decoder]
-    eos, limit = processor.eos_token_ids, MAX_NEW_TOKENS["table"]
-    longest = max(prompt.length for prompt in prompts) + limit
-    engine = Engine(model, EngineConfig(max_batch_size=4, max_seq_len=longest, dtype=torch.float64, num_threads=1,
-                                        draft_ahead=ahead),
-                    eos, table_tokens=processor.table_tokens)
-    results = engine.generate([Request(str(i), prompt, limit) for i, prompt in enumerate(prompts)])
-    for prompt, result in zip(prompts, results):
-        reference = speculative_decode(model, prompt, limit, set(eos), 32, ahead, processor.table_tokens)
-        assert result.token_ids == reference.token_ids
-        assert result.stats.accepted_per_round == reference.stats.accepted_per_round
-        assert result.stats.forward_passes == reference.stats.forward_passes

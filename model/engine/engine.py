@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import torch
 
 from ..decoding import first_block
-from ..table_drafts import TableShape, TableTokens, kept_to_structure
+from ..draft_rules import DraftRules
+from ..structured_drafts import kept_to_structure
 from .config import EngineConfig
 from .runner import ModelRunner
 from .scheduler import Scheduler
@@ -53,11 +54,12 @@ class EngineStats:
 
 class Engine:
     def __init__(self, model, config: EngineConfig | None = None, eos_token_ids=(), tokenizer=None,
-                 table_tokens: TableTokens | None = None):
+                 draft_rules: DraftRules | None = None):
         """`model` is moved to config.device / config.dtype and put in eval mode.
         `tokenizer` (a tokenizer or an OcrProcessor) is only used to fill RequestResult.text.
-        With `table_tokens`, drafts that reach the host (the prefill's, draft-ahead rounds')
-        are kept to the structure of a table being written, as `speculative_decode` does."""
+        With `draft_rules`, drafts that reach the host (the prefill's, draft-ahead rounds')
+        are kept to the structure of the table or formula being written, as
+        `speculative_decode` does."""
         self.config = config or EngineConfig()
         torch.set_num_threads(self.config.num_threads)
         context = model.config.text_config.max_position_embeddings
@@ -66,7 +68,7 @@ class Engine:
         self.model = model.to(device=self.config.device, dtype=self.config.dtype).eval()
         self.eos_ids = frozenset(int(t) for t in eos_token_ids)
         self.tokenizer = tokenizer
-        self.table_tokens = table_tokens
+        self.draft_rules = draft_rules
         self.runner = ModelRunner(self.model, self.config)
         self.scheduler = Scheduler(self.config.max_batch_size)
         self._stats = EngineStats()
@@ -78,7 +80,7 @@ class Engine:
         """Queue a request; it joins the batch at the start of the next step."""
         self._check(request)
         sequence = Sequence(request, self.eos_ids, recent_accepted=deque(maxlen=self.config.adaptive_window),
-                            shape=TableShape(self.table_tokens) if self.table_tokens is not None else None)
+                            shape=self.draft_rules.shape_for(request.prompt.task) if self.draft_rules else None)
         self._sequences[request.request_id] = sequence
         self.scheduler.add(sequence)
 

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 
 from ..decoding import DecodeStats
 from ..processor import EncodedPrompt
-from ..table_drafts import TableShape
 
 
 @dataclass
@@ -58,7 +57,7 @@ class Sequence:
     drafts: list[int] = field(default_factory=list)
     drafts_alternates: list[int] = field(default_factory=list)
     drafts_confident: list[bool] = field(default_factory=list)
-    shape: TableShape | None = None  # what the committed tokens say of a table (model/table_drafts.py)
+    shape: object = None  # what the committed tokens say of a table or formula (model/structured_drafts.py)
 
     @property
     def prompt_len(self) -> int:

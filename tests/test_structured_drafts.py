@@ -1,0 +1,75 @@
+"""Decoding with drafts kept to the structure of what is written (tables, LaTeX command
+names) stays greedy AR's output, in the reference decoder and the engine alike, and takes
+fewer passes on the shipped model's held-out tables and formulas."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gravityocr.model.decoding import greedy_decode, speculative_decode
+from gravityocr.model.draft_ahead import DraftAhead
+from gravityocr.model.draft_rules import DraftRules
+from gravityocr.model.engine import Engine, EngineConfig, Request
+from gravityocr.model.evaluation import MAX_NEW_TOKENS
+from gravityocr.model.formula_drafts import CommandShape
+from gravityocr.model.loading import DEFAULT_MODEL_DIR, load_recognizer
+from gravityocr.model.manifest import read_manifest
+from gravityocr.model.table_drafts import TableShape
+
+HELDOUT = DEFAULT_MODEL_DIR.parents[1] / "data" / "heldout"
+KINDS = ["table", "formula"]
+DECODERS = {"classic": None, "ahead": DraftAhead(16), "branches": DraftAhead(16, branches=4)}
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    recognizer = load_recognizer(DEFAULT_MODEL_DIR, dtype=torch.float64)
+    items = read_manifest(HELDOUT)
+    prompts = {kind: [recognizer.processor.encode(item.load_image(), kind)  # every tenth: easy to hard
+                      for item in [i for i in items if i.type == kind][::10]] for kind in KINDS}
+    return recognizer, prompts
+
+
+def test_rules_by_task(processor):
+    rules = processor.draft_rules
+    assert isinstance(rules, DraftRules)
+    assert isinstance(rules.shape_for("formula"), CommandShape)
+    assert all(isinstance(rules.shape_for(task), TableShape) for task in ("table", "text", "page"))
+    assert DraftRules(None, None).shape_for("table") is None and DraftRules(None, None).shape_for("formula") is None
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("decoder", DECODERS)
+def test_shipped_model_stays_exact_in_fewer_passes(shipped, kind, decoder):
+    recognizer, prompts = shipped
+    model, processor, ahead = recognizer.model, recognizer.processor, DECODERS[decoder]
+    eos, limit = set(processor.eos_token_ids), MAX_NEW_TOKENS[kind]
+    passes = {"kept": 0, "free": 0}
+    for prompt in prompts[kind]:
+        greedy = greedy_decode(model, prompt, limit, eos).token_ids
+        for name, rules in (("kept", processor.draft_rules), ("free", None)):
+            result = speculative_decode(model, prompt, limit, eos, 32, ahead, rules)
+            assert result.token_ids == greedy
+            passes[name] += result.stats.forward_passes
+    assert passes["kept"] <= passes["free"]
+    if ahead is not None:  # every round's drafts pass the host: the structure saves passes
+        assert passes["kept"] < passes["free"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("decoder", DECODERS)
+def test_engine_keeps_drafts_to_structure_as_the_reference_does(shipped, kind, decoder):
+    recognizer, prompts = shipped
+    model, processor, ahead = recognizer.model, recognizer.processor, DECODERS[decoder]
+    eos, limit = processor.eos_token_ids, MAX_NEW_TOKENS[kind]
+    longest = max(prompt.length for prompt in prompts[kind]) + limit
+    engine = Engine(model, EngineConfig(max_batch_size=4, max_seq_len=longest, dtype=torch.float64, num_threads=1,
+                                        draft_ahead=ahead),
+                    eos, draft_rules=processor.draft_rules)
+    results = engine.generate([Request(str(i), prompt, limit) for i, prompt in enumerate(prompts[kind])])
+    for prompt, result in zip(prompts[kind], results):
+        reference = speculative_decode(model, prompt, limit, set(eos), 32, ahead, processor.draft_rules)
+        assert result.token_ids == reference.token_ids
+        assert result.stats.accepted_per_round == reference.stats.accepted_per_round
+        assert result.stats.forward_passes == reference.stats.forward_passes
