@@ -117,9 +117,12 @@ class CommandShape:
             else:  # the name completed here; the draft after the run comes next
                 for j, letter in enumerate(rest):
                     token, k = names.ids[letter], i + j
-                    drafted = drafts[k] if k < end else None
-                    emit(token, drafted if drafted not in (None, token) else (alternates[k] if k < len(drafts) else token),
-                         token == drafted and confident[k])
+                    if k < end:  # over the run: the drafter's letter is the second choice where replaced
+                        emit(token, drafts[k] if drafts[k] != token else alternates[k], drafts[k] == token and confident[k])
+                    elif k < len(drafts):  # past the run (tried: the drafter's token there drafts worse)
+                        emit(token, alternates[k], False)
+                    else:  # past the drafts: cut off below
+                        emit(token, token, False)
             i = end
         count = len(drafts)
         return RepairedDrafts(out.drafts[:count], out.alternates[:count], out.confident[:count],
