@@ -45,6 +45,7 @@ class EvalReport:
     overall: float
     scores: dict[str, float]  # mean score per type present
     tpf: float  # committed tokens / forward passes over all items
+    tpf_by_type: dict[str, float]  # the same within each type
     accepted_per_round: dict[str, float]  # mean accepted drafts per round, by type
     unreadable: list[dict]  # {"id", "error"} of items scored 0 because they could not be read
     exact: bool | None  # every spec output equal to AR output (None: not checked)
@@ -52,7 +53,8 @@ class EvalReport:
 
     def to_json(self) -> dict:
         summary = {"n": self.n, "overall": self.overall, **self.scores, "tpf": self.tpf,
-                   "accepted_per_round": self.accepted_per_round, "unreadable": self.unreadable}
+                   "tpf_by_type": self.tpf_by_type, "accepted_per_round": self.accepted_per_round,
+                   "unreadable": self.unreadable}
         if self.exact is not None:
             summary["exact"] = self.exact
         return summary
@@ -115,18 +117,22 @@ def summarize(outcomes: list[ItemOutcome], exact: bool | None) -> EvalReport:
     for t, group in sorted(by_type.items()):
         rounds = [a for o in group for a in o.accepted_per_round]
         accepted[t] = statistics.fmean(rounds) if rounds else 0.0
-    committed = sum(o.committed_tokens for o in outcomes)
-    passes = sum(o.forward_passes for o in outcomes)
     return EvalReport(
         n=len(outcomes),
         overall=statistics.fmean(scores.values()) if scores else 0.0,
         scores=scores,
-        tpf=committed / passes if passes else 0.0,
+        tpf=_tokens_per_pass(outcomes),
+        tpf_by_type={t: _tokens_per_pass(group) for t, group in sorted(by_type.items())},
         accepted_per_round=accepted,
         unreadable=[{"id": o.id, "error": o.error} for o in outcomes if o.error],
         exact=exact,
         items=outcomes,
     )
+
+
+def _tokens_per_pass(outcomes: list[ItemOutcome]) -> float:
+    passes = sum(o.forward_passes for o in outcomes)
+    return sum(o.committed_tokens for o in outcomes) / passes if passes else 0.0
 
 
 def add_arguments(parser) -> None:
@@ -169,7 +175,8 @@ def run(args) -> int:
     else:
         print(f"items: {report.n}   overall: {report.overall:.4f}   tpf: {report.tpf:.2f}")
         for kind, value in report.scores.items():
-            print(f"  {kind:8s} score {value:.4f}   accepted/round {report.accepted_per_round[kind]:.2f}")
+            print(f"  {kind:8s} score {value:.4f}   tpf {report.tpf_by_type[kind]:.2f}   "
+                  f"accepted/round {report.accepted_per_round[kind]:.2f}")
         if report.exact is not None:
             print(f"  spec == AR on every item: {report.exact}")
         for entry in report.unreadable:

@@ -38,6 +38,9 @@ def test_eval_json_on_a_trained_tiny_model(tmp_path, trained_tiny_model, process
     assert {entry["id"] for entry in report["unreadable"]} == {"broken", "missing"}
     assert report["overall"] == pytest.approx((report["text"] + report["table"] + report["formula"]) / 3)
     assert report["tpf"] > 1.5
+    assert set(report["tpf_by_type"]) == {"text", "table", "formula"} and all(
+        tpf >= 1.0 for tpf in report["tpf_by_type"].values())
+    assert min(report["tpf_by_type"].values()) <= report["tpf"] <= max(report["tpf_by_type"].values())
     assert set(report["accepted_per_round"]) == {"text", "table", "formula"}
     assert all(0 <= report[k] <= 1 for k in ("overall", "text", "table", "formula"))
 
