@@ -160,8 +160,8 @@ def speculative_decode(model, prompt: EncodedPrompt, max_new_tokens: int, eos_id
     sequence = _Sequence(eos_ids, max_new_tokens, draft_rules.shape_for(prompt.task) if draft_rules else None)
     stats = DecodeStats(forward_passes=1)
     sequence.commit([int(logits.argmax())])
-    drafts = kept_to_structure(sequence.shape, draft_logits.argmax(-1).tolist())
-    if draft_ahead is not None:
+    drafts = [] if draft_ahead is not None else kept_to_structure(sequence.shape, draft_logits.argmax(-1).tolist())
+    if draft_ahead is not None:  # its rounds keep the prefill's drafts to the structure themselves
         _draft_ahead_rounds(model, sequence, stats, cache, position, draft_logits, draft_ahead)
     elif not sequence.finished and drafts:  # the first round: verify [y_0, drafts], no draft pass
         verify_logits = _step(model, sequence.tokens + drafts, position,

@@ -181,9 +181,10 @@ class Engine:
 
     def _speculative_round(self, running: list[Sequence]) -> None:
         for sequence in running:  # drafts from the prefill or a draft-ahead round: verified first
-            room = max(0, sequence.max_new_tokens - len(sequence.tokens) - 1)  # drafts beyond the bonus
-            sequence.drafts = kept_to_structure(sequence.shape, sequence.drafts[:room])
-            sequence.drafts_alternates, sequence.drafts_confident = [], []
+            if sequence.drafts:
+                room = max(0, sequence.max_new_tokens - len(sequence.tokens) - 1)  # drafts beyond the bonus
+                sequence.drafts = kept_to_structure(sequence.shape, sequence.drafts[:room])
+                sequence.drafts_alternates, sequence.drafts_confident = [], []
         blocks = [s.next_block(self.config.block_size, self.config.adaptive_block) for s in running]
         output = self.runner.speculative_round(running, blocks)
         for sequence, y, accepted, after_y in zip(running, output.y, output.accepted, output.after_y):
