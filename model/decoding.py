@@ -147,8 +147,8 @@ def speculative_decode(model, prompt: EncodedPrompt, max_new_tokens: int, eos_id
                        draft_rules: DraftRules | None = None) -> DecodeResult:
     """Self-speculative decoding; output identical to `greedy_decode` of the same weights.
     With `draft_ahead`, each round after the prefill is one pass (model/draft_ahead.py).
-    With `draft_rules`, drafts that reach the host (the prefill's, draft-ahead rounds')
-    are kept to the structure of the table or formula being written (model/draft_rules.py)."""
+    With `draft_rules`, drafts are kept to the structure of the table or formula being
+    written (model/draft_rules.py) before they are verified."""
     check_length(prompt, max_new_tokens, model)
     if block_size < 2:
         raise ValueError(f"block_size must be at least 2, got {block_size}")
@@ -180,14 +180,14 @@ def speculative_decode(model, prompt: EncodedPrompt, max_new_tokens: int, eos_id
         cache.crop(-block)  # keep x only
         stats.forward_passes += 1
         y = int(draft_logits[0].argmax())
-        drafts = draft_logits[2:].argmax(-1).tolist()  # d_2..d_B
         sequence.commit([y])
         if sequence.finished:
             stats.accepted_per_round.append(0)
             break
+        drafts = kept_to_structure(sequence.shape, draft_logits[2:].argmax(-1).tolist())  # d_2..d_B
 
         verify_logits = _step(model, [y] + drafts, x_position + 1,
-                              causal_attention_mask(past + 1, block, model.device), cache)
+                              causal_attention_mask(past + 1, 1 + len(drafts), model.device), cache)
         stats.forward_passes += 1
         _accept(sequence, stats, cache, drafts, verify_logits.argmax(-1).tolist())
     stats.committed_tokens = len(sequence.tokens)

@@ -2,8 +2,8 @@
 
 A shape (`TableShape` in model/table_drafts.py, `CommandShape` in model/formula_drafts.py)
 is fed the committed tokens one at a time and offers `copy()`, `feed(token)` and
-`repair(drafts, alternates, confident, keep_shapes)`. Decoders call it where drafts reach
-the host: output is unchanged, drafts only choose what is verified.
+`repair(drafts, alternates, confident, keep_shapes)`. Decoders call it on drafts before
+they are verified: output is unchanged, drafts only choose what is verified.
 """
 
 from __future__ import annotations

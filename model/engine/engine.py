@@ -57,9 +57,10 @@ class Engine:
                  draft_rules: DraftRules | None = None):
         """`model` is moved to config.device / config.dtype and put in eval mode.
         `tokenizer` (a tokenizer or an OcrProcessor) is only used to fill RequestResult.text.
-        With `draft_rules`, drafts that reach the host (the prefill's, draft-ahead rounds')
-        are kept to the structure of the table or formula being written, as
-        `speculative_decode` does."""
+        With `draft_rules`, drafts are kept to the structure of the table or formula being
+        written, as `speculative_decode` does: the prefill's, draft-ahead rounds', and on
+        the CPU also classic rounds' (elsewhere that would cost a device-to-host transfer
+        between their two passes; the output is the same either way)."""
         self.config = config or EngineConfig()
         torch.set_num_threads(self.config.num_threads)
         context = model.config.text_config.max_position_embeddings
@@ -186,7 +187,11 @@ class Engine:
                 sequence.drafts = kept_to_structure(sequence.shape, sequence.drafts[:room])
                 sequence.drafts_alternates, sequence.drafts_confident = [], []
         blocks = [s.next_block(self.config.block_size, self.config.adaptive_block) for s in running]
-        output = self.runner.speculative_round(running, blocks)
+        # The draft pass's drafts are kept to structure too where they are host memory anyway;
+        # on an accelerator that would cost a transfer between the two passes.
+        shapes = [s.shape for s in running] if self.runner.device.type == "cpu" and any(
+            s.shape is not None for s in running) else None
+        output = self.runner.speculative_round(running, blocks, shapes)
         for sequence, y, accepted, after_y in zip(running, output.y, output.accepted, output.after_y):
             if y is None:  # verified the drafts it came with: no draft pass of its own
                 sequence.drafts = []

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ..draft_ahead import rounds_attention
+from ..structured_drafts import kept_to_structure
 from .config import EngineConfig
 from .kv_cache import SlotKVCache, rows_attention_mask
 from .sequence import Sequence
@@ -169,12 +170,16 @@ class ModelRunner:
         return output
 
     @torch.no_grad()
-    def speculative_round(self, sequences: list[Sequence], blocks: list[int]) -> SpeculativeRoundOutput:
+    def speculative_round(self, sequences: list[Sequence], blocks: list[int],
+                          shapes: list | None = None) -> SpeculativeRoundOutput:
         """Draft pass [x, M x b] then verify pass [y, d_2..d_b] for every row, with one
         device-to-host transfer at the end. A row that came with drafts (its prefill's)
         verifies [x, drafts] instead and its draft-pass row, if the pass runs for others,
         is ignored; its block is 1 + its drafts. Rows that finish at y are verified anyway
-        (the result is ignored) so that no transfer is needed between the two passes."""
+        (the result is ignored) so that no transfer is needed between the two passes.
+        With `shapes` (per row: what its committed tokens say of a table or formula, or
+        None), the drafted rows' drafts are kept to that structure between the passes: a
+        second transfer, for devices where the drafts are in host memory anyway."""
         device, n, width = self.device, len(sequences), max(blocks)
         # Every host-to-device copy of the round happens here, before its first kernel.
         slots, past_host, past, last_tokens, x_positions = self._rows(sequences)
@@ -196,6 +201,8 @@ class ModelRunner:
             # d_1 drafts y's own position: drafts are d_2..d_width. A row that came with
             # drafts verifies from x: x's KV is written again by the verify pass.
             y, drafts = draft_logits[:, 0].argmax(-1), draft_logits[:, 2:].argmax(-1)
+            if shapes is not None:
+                drafts, block_sizes = self._kept_to_structure(shapes, came_with, y, drafts, block_sizes)
             if given is not None:
                 y = torch.where(has_drafts, last_tokens, y)
                 drafts = torch.where(has_drafts[:, None], given, drafts)
@@ -221,6 +228,23 @@ class ModelRunner:
             # x, y and the accepted drafts; x and the accepted drafts for a row verified from x
             self.cache.lengths[slot] = cached + (1 if drafted_here else 2) + a
         return SpeculativeRoundOutput(ys, accepted_counts, after_y)
+
+    def _kept_to_structure(self, shapes: list, came_with: list[list[int]], y: torch.Tensor, drafts: torch.Tensor,
+                           block_sizes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The draft pass's drafts of rows with a shape kept to the structure that follows
+        their y (model/structured_drafts.py); a row's block shrinks where tags are dropped,
+        the padding after it never accepted."""
+        rows, sizes = drafts.tolist(), block_sizes.tolist()
+        for i, (shape, row_y) in enumerate(zip(shapes, y.tolist())):
+            if shape is None or came_with[i]:
+                continue
+            after_y = shape.copy()
+            after_y.feed(row_y)
+            kept = kept_to_structure(after_y, rows[i][:sizes[i] - 1])
+            rows[i] = kept + [self.pad_id] * (len(rows[i]) - len(kept))
+            sizes[i] = 1 + len(kept)
+        as_tensor = lambda values: torch.tensor(values, dtype=torch.long, device=self.device)
+        return as_tensor(rows), as_tensor(sizes)
 
     @torch.no_grad()
     def draft_ahead_round(self, sequences: list[Sequence]) -> DraftAheadRoundOutput:
