@@ -47,6 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(faster one document at a time); default: classic rounds")
     parser.add_argument("--draft-branches", type=int, default=0, metavar="N",
                         help="with --draft-ahead: also verify second-choice branches at the first N doubtful drafts")
+    parser.add_argument("--draft-ahead-max-batch", type=int, default=0, metavar="N",
+                        help="with --draft-ahead: one-pass rounds only while at most N crops decode together, "
+                             "classic rounds above (default 0: at any batch size)")
     parser.add_argument("--dpi", type=float, default=150, help="PDF render resolution (default: 150)")
     parser.add_argument("--layout", choices=LAYOUT_BACKENDS, default="projection",
                         help="layout backend (default: projection; rapid needs gravityocr[layout])")
@@ -156,7 +159,8 @@ def run(args) -> int:
     transformers.utils.logging.disable_progress_bar()  # our own bar is the one that counts pages
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        config = RecognizerConfig(mode=args.mode, draft_ahead=args.draft_ahead, draft_branches=args.draft_branches)
+        config = RecognizerConfig(mode=args.mode, draft_ahead=args.draft_ahead, draft_branches=args.draft_branches,
+                                  draft_ahead_max_batch=args.draft_ahead_max_batch)
         if args.max_new_tokens is not None:
             config = config.capped(args.max_new_tokens)
         recognizer = CropRecognizer.load(model_path, config, device=device)

@@ -47,6 +47,9 @@ class RecognizerConfig:
     # Second-choice branches verified in each draft-ahead round (more tokens per pass, a
     # longer pass); needs draft_ahead.
     draft_branches: int = 0
+    # With draft_ahead: one-pass rounds only while at most this many crops decode together,
+    # classic rounds above (EngineConfig.draft_ahead_max_batch); 0: at any batch size.
+    draft_ahead_max_batch: int = 0
 
     def __post_init__(self):
         if self.mode not in ("spec", "ar"):
@@ -58,6 +61,8 @@ class RecognizerConfig:
             raise ValueError(f"max_new_tokens lacks tasks {sorted(missing)}")
         if self.draft_branches and not self.draft_ahead:
             raise ValueError("draft_branches needs draft-ahead rounds: set draft_ahead too")
+        if self.draft_ahead_max_batch < 0:
+            raise ValueError(f"draft_ahead_max_batch must be at least 0 (0: any batch), got {self.draft_ahead_max_batch}")
         if self.draft_ahead_rounds is not None:
             self.draft_ahead_rounds.check_fits(self.block_size)
 
@@ -71,7 +76,8 @@ class RecognizerConfig:
         """The same config with every task's output capped at `limit` tokens."""
         return RecognizerConfig(self.mode, self.block_size,
                                 {task: min(n, limit) for task, n in self.max_new_tokens.items()},
-                                self.max_batch_size, self.decoder, self.draft_ahead, self.draft_branches)
+                                self.max_batch_size, self.decoder, self.draft_ahead, self.draft_branches,
+                                self.draft_ahead_max_batch)
 
 
 @dataclass
@@ -168,7 +174,8 @@ class CropRecognizer:
             EngineConfig(max_batch_size=min(self.config.max_batch_size, len(jobs)), max_seq_len=min(longest, self.context),
                          block_size=self.config.block_size, mode=self.config.mode, device=str(model.device),
                          dtype=model.dtype, num_threads=torch.get_num_threads(),
-                         draft_ahead=self.config.draft_ahead_rounds),
+                         draft_ahead=self.config.draft_ahead_rounds,
+                         draft_ahead_max_batch=self.config.draft_ahead_max_batch or None),
             eos_token_ids=self.recognizer.processor.eos_token_ids,
             draft_rules=self.recognizer.processor.draft_rules,
         )

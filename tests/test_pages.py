@@ -228,8 +228,11 @@ def test_recognizer_settings_are_checked():
         RecognizerConfig(draft_branches=2)
     with pytest.raises(ValueError, match="longer than the draft block"):
         RecognizerConfig(block_size=8, draft_ahead=16)
-    rounds = RecognizerConfig(draft_ahead=8, draft_branches=3).capped(100).draft_ahead_rounds
-    assert (rounds.block, rounds.branches) == (8, 3)
+    with pytest.raises(ValueError, match="draft_ahead_max_batch must be at least 0"):
+        RecognizerConfig(draft_ahead=8, draft_ahead_max_batch=-1)
+    capped = RecognizerConfig(draft_ahead=8, draft_branches=3, draft_ahead_max_batch=2).capped(100)
+    assert (capped.draft_ahead_rounds.block, capped.draft_ahead_rounds.branches) == (8, 3)
+    assert capped.draft_ahead_max_batch == 2
     assert RecognizerConfig(mode="ar", draft_ahead=8).draft_ahead_rounds is None
 
 
@@ -244,6 +247,14 @@ def test_engine_and_reference_decoders_agree():
         reference = _recognizer(decoder="reference", **settings).recognize(crops)
         assert [r.text for r in engine] == [r.text for r in reference]
         assert [r.stats.forward_passes for r in engine] == [r.stats.forward_passes for r in reference]
+    # One-pass rounds only while one crop is left: classic rounds (two passes each) while the
+    # three decode together, and the same text. 64 tokens: rounds enough to tell them apart.
+    def read(**settings):
+        return CropRecognizer(tiny_recognizer(), RecognizerConfig(decoder="engine", draft_ahead=8, **settings)
+                              .capped(64)).recognize(crops)
+    ahead, switched = read(), read(draft_ahead_max_batch=1)
+    assert [r.text for r in switched] == [r.text for r in ahead]
+    assert sum(r.stats.forward_passes for r in switched) > sum(r.stats.forward_passes for r in ahead)
 
 
 # --- the CLI ----------------------------------------------------------------------------------
@@ -307,3 +318,6 @@ def test_cli_refuses_bad_decoding_settings_clearly(tmp_path, tiny_model_dir, cap
     assert code == 2 and "cannot start: draft_branches needs draft-ahead rounds" in stderr
     code, _, stderr = _cli([str(page), "--model", str(tiny_model_dir), "--draft-ahead", "64"], capsys)
     assert code == 2 and "longer than the draft block" in stderr
+    code, _, stderr = _cli([str(page), "--model", str(tiny_model_dir), "--draft-ahead", "8",
+                            "--draft-ahead-max-batch", "-1"], capsys)
+    assert code == 2 and "draft_ahead_max_batch must be at least 0" in stderr
