@@ -37,6 +37,15 @@ to the structure being written (model/structured_drafts.py: table tags, LaTeX co
 names): TPF 4.42 without branches and 5.31 with N = 4 (tables 4.23 and 5.23, formulas
 3.90 and 4.35); longer blocks (L = 24, 32) change nothing for tables.
 
+Tried and left (tables, every third held-out one, shipped weights): anchoring a block at
+every draft instead of three, 5.62 -> 6.14 with N = 4 (overall, every fourth item: 5.36 ->
+5.66) for up to ~17 blocks per pass; refining drafts as masked diffusion decodes (a block
+given the drafts it is confident of, its other masks drafting again) raises a classic
+round's accepted drafts 4.01 -> 5.72 (one refining pass) -> 6.82 (two) but costs a pass
+each, and folded into these rounds' blocks (given the round's own confident drafts) it
+lowered TPF 4.45 -> 3.58: past a round's first wrong draft the drafts are often shifted
+by a token (a letter doubled or skipped), and a block given them drafts after them.
+
 Exactness is untouched: every committed token is still the causal model's argmax given
 the committed tokens before it; the masks and branches only choose what is verified. A
 round takes one pass instead of two but commits fewer tokens (its drafts come from a
