@@ -84,8 +84,14 @@ def test_engine_classic_rounds_keep_each_rows_drafts_to_its_own_structure(shippe
     engine = Engine(model, EngineConfig(max_batch_size=3, max_seq_len=longest, dtype=torch.float64, num_threads=1),
                     processor.eos_token_ids, draft_rules=processor.draft_rules)
     results = engine.generate([Request(str(i), prompt, MAX_NEW_TOKENS[kind]) for i, (kind, prompt) in enumerate(mixed)])
-    for (kind, prompt), result in zip(mixed, results):
+    # Per-row blocks from each row's acceptance: repaired within its own block, same output.
+    adaptive = Engine(model, EngineConfig(max_batch_size=3, max_seq_len=longest, dtype=torch.float64, num_threads=1,
+                                          adaptive_block=True),
+                      processor.eos_token_ids, draft_rules=processor.draft_rules)
+    adaptive_results = adaptive.generate([Request(str(i), prompt, MAX_NEW_TOKENS[kind])
+                                          for i, (kind, prompt) in enumerate(mixed)])
+    for (kind, prompt), result, adaptive_result in zip(mixed, results, adaptive_results):
         reference = speculative_decode(model, prompt, MAX_NEW_TOKENS[kind], set(processor.eos_token_ids), 32, None,
                                        processor.draft_rules)
-        assert result.token_ids == reference.token_ids
+        assert result.token_ids == reference.token_ids == adaptive_result.token_ids
         assert result.stats.accepted_per_round == reference.stats.accepted_per_round
