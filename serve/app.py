@@ -290,11 +290,11 @@ class OcrService:
         recognizer = load_recognizer(self.settings.model or DEFAULT_MODEL_DIR, dtype=dtype, device=device)
         model = recognizer.model
         context = model.config.text_config.max_position_embeddings
-        self.crop_config = RecognizerConfig(mode=self.settings.mode, block_size=self.settings.block_size,
-                                            draft_ahead=self.settings.draft_ahead,
-                                            draft_branches=self.settings.draft_branches,
-                                            draft_ahead_max_batch=self.settings.draft_ahead_max_batch,
-                                            ).capped(self.settings.max_new_tokens)
+        crop_config = RecognizerConfig(mode=self.settings.mode, block_size=self.settings.block_size,
+                                       draft_ahead=self.settings.draft_ahead,
+                                       draft_branches=self.settings.draft_branches,
+                                       draft_ahead_max_batch=self.settings.draft_ahead_max_batch)
+        self.crop_config = crop_config.capped(self.settings.max_new_tokens)
         engine_config = EngineConfig(max_batch_size=self.settings.max_batch_size,
                                      max_seq_len=min(self.settings.max_seq_len, context),
                                      block_size=self.settings.block_size, mode=self.settings.mode,

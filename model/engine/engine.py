@@ -70,6 +70,10 @@ class Engine:
         self.eos_ids = frozenset(int(t) for t in eos_token_ids)
         self.tokenizer = tokenizer
         self.draft_rules = draft_rules
+        # Classic rounds keep their draft pass's drafts to structure too where those are host
+        # memory anyway; on an accelerator that would cost a transfer between the two passes.
+        self._structured_classic_drafts = (draft_rules is not None
+                                           and torch.device(self.config.device).type == "cpu")
         self.runner = ModelRunner(self.model, self.config)
         self.scheduler = Scheduler(self.config.max_batch_size)
         self._stats = EngineStats()
@@ -187,10 +191,7 @@ class Engine:
                 sequence.drafts = kept_to_structure(sequence.shape, sequence.drafts[:room])
                 sequence.drafts_alternates, sequence.drafts_confident = [], []
         blocks = [s.next_block(self.config.block_size, self.config.adaptive_block) for s in running]
-        # The draft pass's drafts are kept to structure too where they are host memory anyway;
-        # on an accelerator that would cost a transfer between the two passes.
-        shapes = [s.shape for s in running] if self.runner.device.type == "cpu" and any(
-            s.shape is not None for s in running) else None
+        shapes = [s.shape for s in running] if self._structured_classic_drafts else None
         output = self.runner.speculative_round(running, blocks, shapes)
         for sequence, y, accepted, after_y in zip(running, output.y, output.accepted, output.after_y):
             if y is None:  # verified the drafts it came with: no draft pass of its own
