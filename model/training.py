@@ -31,7 +31,7 @@ from . import synthetic
 from .column_ctc import ColumnCtcHead
 from .configs import SMALL, TINY, build_config
 from .growth import grow_vision_depth
-from .joint_loss import (JointBatch, Objective, TargetCounts, TrainingSample, build_joint_batch,
+from .joint_loss import (Distillation, JointBatch, Objective, TargetCounts, TrainingSample, build_joint_batch,
                          check_draft_ratio_fraction, joint_loss, split_by_length)
 from .loading import Recognizer, load_recognizer, save_recognizer
 from .modeling import GravityOcrForConditionalGeneration
@@ -72,6 +72,11 @@ class TrainConfig:
     # the last block filled up past eos with masks
     min_block_size: int = 0
     pad_final_block: bool = False
+    # joint_loss.Distillation: shares of the AR term taken from a fixed teacher (`teacher`,
+    # else the `init_from` weights) and of the denoising term from the model's own AR reading
+    teacher_share: float = 0.0
+    draft_share: float = 0.0
+    teacher: str | None = None
     seed: int = 0
     threads: int = 0  # 0: GRAVITYOCR_THREADS, else 1 (on a shared 2-core box one thread beats two)
     device: str = "cpu"
@@ -118,9 +123,15 @@ class TrainConfig:
         if self.vision_depth < 0:
             raise ValueError(f"vision_depth must be 0 (keep the starting depth) or positive, got {self.vision_depth}")
         check_draft_ratio_fraction(self.draft_ratio_fraction)
+        self.distillation().validate()
+        if self.teacher_share > 0 and not (self.teacher or self.init_from):
+            raise ValueError("teacher_share > 0 needs `teacher` (or `init_from`) weights to distil from")
         if self.min_block_size and not 2 <= self.min_block_size <= self.block_size:
             raise ValueError(f"min_block_size must be 0 or in 2..block_size ({self.block_size}), "
                              f"got {self.min_block_size}")
+
+    def distillation(self) -> Distillation:
+        return Distillation(self.teacher_share, self.draft_share)
 
     def phase_at(self, step: int) -> int:
         start = 0
@@ -138,6 +149,18 @@ class TrainConfig:
 
 
 @dataclass
+class StepLosses:
+    """One step's losses, summed over its micro-batches; the KL terms only when trained."""
+
+    total: float
+    ar: float
+    denoise: float
+    ctc: float
+    teacher_kl: float | None
+    draft_kl: float | None
+
+
+@dataclass
 class TrainProgress:
     step: int
     loss: float
@@ -147,6 +170,8 @@ class TrainProgress:
     samples_per_second: float
     phase: str
     ctc_loss: float = 0.0
+    teacher_kl: float | None = None
+    draft_kl: float | None = None
 
 
 def sample_for_step(config: TrainConfig, step: int, index: int) -> tuple[int, synthetic.CurriculumStage, str | None]:
@@ -290,6 +315,10 @@ class Trainer:
                 start = grow_vision_depth(start, config.vision_depth, seed=config.seed)
             self.recognizer = start
         self.model = self.recognizer.model.to(config.device).train()
+        self.teacher: GravityOcrForConditionalGeneration | None = None
+        if config.teacher_share > 0:
+            self.teacher = load_recognizer(config.teacher or config.init_from).model.to(config.device).eval()
+            self.teacher.requires_grad_(False)
         groups = parameter_groups(self.model, config)
         self.column_ctc: ColumnCtcHead | None = None
         if config.ctc_weight > 0:
@@ -315,7 +344,7 @@ class Trainer:
     def _vision_trainable_now(self) -> bool:
         return self.step >= self.config.vision_frozen_steps
 
-    def train_step(self, batch: StepBatch) -> tuple[float, float, float, float]:
+    def train_step(self, batch: StepBatch) -> StepLosses:
         if batch.step != self.step:
             raise RuntimeError(f"the loader delivered step {batch.step} for step {self.step}")
         set_vision_trainable(self.model, self._vision_trainable_now())
@@ -323,28 +352,36 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr * group["lr_scale"]
         objective = self.config.objective_at(self.step)
+        distillation = self.config.distillation()
         counts = TargetCounts.of(batch.joint)
         readable = 0 if self.column_ctc is None else \
             self.column_ctc.count_readable(batch.joint.image_grid_thw, batch.column_labels)
         self.optimizer.zero_grad(set_to_none=True)
-        sums = []  # total, AR, denoising, CTC of each micro-batch: they add up to the step's
+        sums = []  # each micro-batch's losses (StepLosses' order): they add up to the step's
         for micro in split_by_length(batch.joint, self.config.micro_batch_tokens):
+            def loss_parts():
+                return joint_loss(self.model, micro.batch, objective, counts, distillation, self.teacher)
             if self.column_ctc is None:
-                parts = joint_loss(self.model, micro.batch, objective, counts)
+                parts = loss_parts()
                 total, ctc = parts.total, parts.total.new_zeros(())
             else:
                 with self.column_ctc.capturing(self.model):
-                    parts = joint_loss(self.model, micro.batch, objective, counts)
+                    parts = loss_parts()
                 labels = [batch.column_labels[i] for i in micro.indices]
                 ctc = self.column_ctc.loss(micro.batch.image_grid_thw, labels, readable)
                 total = parts.total + self.config.ctc_weight * ctc
             total.backward()
-            sums.append(torch.stack([total, parts.ar, parts.denoise, ctc]).detach())
+            zero = total.new_zeros(())
+            sums.append(torch.stack([total, parts.ar, parts.denoise, ctc,
+                                     zero if parts.teacher_kl is None else parts.teacher_kl,
+                                     zero if parts.draft_kl is None else parts.draft_kl]).detach())
         torch.nn.utils.clip_grad_norm_([p for group in self.optimizer.param_groups for p in group["params"]],
                                        self.config.clip_norm)
         self.optimizer.step()
-        total, ar, denoise, ctc = torch.stack(sums).sum(dim=0).tolist()
-        return total, ar, denoise, ctc
+        total, ar, denoise, ctc, teacher_kl, draft_kl = torch.stack(sums).sum(dim=0).tolist()
+        return StepLosses(total, ar, denoise, ctc,
+                          teacher_kl if distillation.teacher_share > 0 else None,
+                          draft_kl if distillation.draft_share > 0 and objective != Objective.AR_ONLY else None)
 
     @torch.no_grad()
     def shuffled_image_loss(self, shuffled: JointBatch) -> float:
@@ -388,19 +425,25 @@ class Trainer:
         budget = TimeBudget(self.config.max_seconds, first_step, self.requested_steps) if self.config.max_seconds > 0 else None
         with self.log_path.open("a") as log:
             for batch in loader:
-                loss, ar, denoise, ctc = self.train_step(batch)
+                losses = self.train_step(batch)
+                loss, ar, denoise, ctc = losses.total, losses.ar, losses.denoise, losses.ctc
                 shuffled = self.shuffled_image_loss(batch.shuffled) if batch.shuffled is not None else None
                 self.step += 1
                 elapsed = time.perf_counter() - started
                 rate = (self.step - first_step) * self.config.batch_size / max(elapsed, 1e-9)
                 record = TrainProgress(self.step, loss, ar, denoise, shuffled, rate,
-                                       self.config.curriculum[self.config.phase_at(self.step - 1)].stage, ctc)
+                                       self.config.curriculum[self.config.phase_at(self.step - 1)].stage, ctc,
+                                       losses.teacher_kl, losses.draft_kl)
                 history.append(record)
                 log.write(json.dumps(dataclasses.asdict(record)) + "\n")
                 log.flush()
                 postfix = {"loss": f"{loss:.3f}", "ar": f"{ar:.3f}", "samples/s": f"{rate:.1f}", "phase": record.phase}
                 if self.column_ctc is not None:
                     postfix["ctc"] = f"{ctc:.3f}"
+                if losses.teacher_kl is not None:
+                    postfix["teacher_kl"] = f"{losses.teacher_kl:.4f}"
+                if losses.draft_kl is not None:
+                    postfix["draft_kl"] = f"{losses.draft_kl:.3f}"
                 if shuffled is not None:
                     postfix["ar_shuffled"] = f"{shuffled:.3f}"
                 bar.set_postfix(postfix)

@@ -297,3 +297,27 @@ def test_no_two_shipped_recipes_write_to_the_same_run_directory():
         output_dirs.setdefault(settings_type.from_file(recipe).output_dir, []).append(recipe.name)
     assert len(output_dirs) > 30
     assert {d: names for d, names in output_dirs.items() if len(names) > 1} == {}
+
+
+def test_distilled_training_logs_its_kl_terms_and_the_teacher_stays_fixed(tmp_path):
+    phases = [CurriculumPhase("mono-2-5", 3)]
+    start = TrainConfig(output_dir=str(tmp_path / "start"), size="tiny", steps=1, batch_size=2, warmup_steps=1,
+                        curriculum=phases, threads=1)
+    Trainer(start).run(progress_bar=False)
+    distilled = TrainConfig(**{**start.__dict__, "output_dir": str(tmp_path / "distilled"), "steps": 3,
+                               "learning_rate": 1e-2, "init_from": str(tmp_path / "start" / "checkpoint"),
+                               "teacher_share": 0.5, "draft_share": 0.5})
+    trainer = Trainer(distilled)
+    teacher_before = {name: p.clone() for name, p in trainer.teacher.state_dict().items()}
+    history = trainer.run(progress_bar=False)
+    # the first step's student is its teacher; after an update they differ
+    assert history[0].teacher_kl == pytest.approx(0.0, abs=1e-6)
+    assert history[-1].teacher_kl > 1e-6
+    assert all(record.draft_kl > 0 for record in history)
+    assert all(torch.equal(teacher_before[name], p) for name, p in trainer.teacher.state_dict().items())
+    logged = [json.loads(line) for line in (tmp_path / "distilled" / "train_log.jsonl").read_text().splitlines()]
+    assert [record["teacher_kl"] for record in logged] == [record.teacher_kl for record in history]
+    plain = Trainer(TrainConfig(**{**distilled.__dict__, "output_dir": str(tmp_path / "plain"), "teacher_share": 0.0,
+                                   "draft_share": 0.0}))
+    assert plain.teacher is None
+    assert all(record.teacher_kl is None and record.draft_kl is None for record in plain.run(progress_bar=False))
