@@ -13,6 +13,7 @@ Two measured facts shape the recipe (shared/notes/training-the-small-model.md):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import multiprocessing
@@ -359,17 +360,14 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         sums = []  # each micro-batch's losses (StepLosses' order): they add up to the step's
         for micro in split_by_length(batch.joint, self.config.micro_batch_tokens):
-            def loss_parts():
-                return joint_loss(self.model, micro.batch, objective, counts, distillation, self.teacher)
-            if self.column_ctc is None:
-                parts = loss_parts()
-                total, ctc = parts.total, parts.total.new_zeros(())
-            else:
-                with self.column_ctc.capturing(self.model):
-                    parts = loss_parts()
+            capturing = contextlib.nullcontext() if self.column_ctc is None else self.column_ctc.capturing(self.model)
+            with capturing:
+                parts = joint_loss(self.model, micro.batch, objective, counts, distillation, self.teacher)
+            total, ctc = parts.total, parts.total.new_zeros(())
+            if self.column_ctc is not None:
                 labels = [batch.column_labels[i] for i in micro.indices]
                 ctc = self.column_ctc.loss(micro.batch.image_grid_thw, labels, readable)
-                total = parts.total + self.config.ctc_weight * ctc
+                total = total + self.config.ctc_weight * ctc
             total.backward()
             zero = total.new_zeros(())
             sums.append(torch.stack([total, parts.ar, parts.denoise, ctc,
