@@ -196,8 +196,6 @@ def test_distillation_mixes_a_teachers_ar_reading_and_the_models_own_into_the_lo
     shares = Distillation(teacher_share=0.25, draft_share=0.5)
     with torch.no_grad():
         parts = joint_loss(model, batch, Objective.JOINT, distillation=shares, teacher=teacher)
-
-    with torch.no_grad():
         own = joint_logits(model, batch).log_softmax(-1)
         reference = joint_logits(teacher, batch).log_softmax(-1)
     at_ar = batch.ar_targets != IGNORE
