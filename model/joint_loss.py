@@ -244,10 +244,6 @@ def teacher_log_probs(teacher: GravityOcrForConditionalGeneration, batch: JointB
     return joint_logits(teacher, batch, clean_end).float().log_softmax(-1)
 
 
-def _kl_sum(target_log_probs: torch.Tensor, log_probs: torch.Tensor) -> torch.Tensor:
-    return (target_log_probs.exp() * (target_log_probs - log_probs)).sum()
-
-
 def joint_loss(
     model: GravityOcrForConditionalGeneration,
     batch: JointBatch,
@@ -268,12 +264,13 @@ def joint_loss(
     ar_term = ar
     teacher_kl = draft_kl = None
     log_probs = logits.log_softmax(-1) if distillation.teacher_share or distillation.draft_share else None
-    if distillation.teacher_share > 0:
-        if teacher is None:
-            raise ValueError("teacher_share > 0 needs a teacher model")
+    if distillation.teacher_share > 0 and teacher is None:
+        raise ValueError("teacher_share > 0 needs a teacher model")
+    if distillation.teacher_share > 0 and objective != Objective.NO_AR:  # NO_AR trains no AR term
         at_ar = ar_targets != IGNORE
         reference = teacher_log_probs(teacher, batch)
-        teacher_kl = _kl_sum(reference[at_ar[:, :reference.shape[1]]], log_probs[at_ar]) / counts.ar
+        teacher_kl = F.kl_div(log_probs[at_ar], reference[at_ar[:, :reference.shape[1]]], reduction="sum",
+                              log_target=True) / counts.ar
         ar_term = (1 - distillation.teacher_share) * ar + distillation.teacher_share * teacher_kl
     zero = logits.new_zeros(())
     if objective == Objective.AR_ONLY:
@@ -285,7 +282,7 @@ def joint_loss(
         sources = batch.denoise_sources.to(logits.device)
         rows, columns = (sources >= 0).nonzero(as_tuple=True)
         verifier = log_probs[rows, sources[rows, columns]].detach()
-        draft_kl = _kl_sum(verifier, log_probs[rows, columns]) / counts.denoise
+        draft_kl = F.kl_div(log_probs[rows, columns], verifier, reduction="sum", log_target=True) / counts.denoise
         denoise_term = (1 - distillation.draft_share) * denoise + distillation.draft_share * draft_kl
     total = denoise_term if objective == Objective.NO_AR else ar_term + denoise_term
     return LossParts(total=total, ar=ar, denoise=denoise, teacher_kl=teacher_kl, draft_kl=draft_kl)

@@ -378,7 +378,7 @@ class Trainer:
         self.optimizer.step()
         total, ar, denoise, ctc, teacher_kl, draft_kl = torch.stack(sums).sum(dim=0).tolist()
         return StepLosses(total, ar, denoise, ctc,
-                          teacher_kl if distillation.teacher_share > 0 else None,
+                          teacher_kl if distillation.teacher_share > 0 and objective != Objective.NO_AR else None,
                           draft_kl if distillation.draft_share > 0 and objective != Objective.AR_ONLY else None)
 
     @torch.no_grad()

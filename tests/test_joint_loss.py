@@ -214,6 +214,10 @@ def test_distillation_mixes_a_teachers_ar_reading_and_the_models_own_into_the_lo
     assert float(parts.total) == pytest.approx(0.75 * float(plain.ar) + 0.25 * teacher_kl
                                                + 0.5 * float(plain.denoise) + 0.5 * draft_kl, rel=1e-5)
     assert float(itself.teacher_kl) == pytest.approx(0.0, abs=1e-9)  # its own weights teach it nothing
+    with torch.no_grad():  # without an AR term there is nothing for the teacher to hold
+        no_ar = joint_loss(model, batch, Objective.NO_AR, distillation=shares, teacher=teacher)
+    assert no_ar.teacher_kl is None
+    assert float(no_ar.total) == pytest.approx(0.5 * float(plain.denoise) + 0.5 * draft_kl, rel=1e-5)
     # The drafter is pulled toward the verifier's reading, not the verifier toward the drafter's:
     # with only the draft term, the clean stream's logits get no gradient from it.
     model.zero_grad(set_to_none=True)
