@@ -131,6 +131,8 @@ def compare(model, eos_ids, items, batch_size, type_name, args, draft_rules=None
         if args.draft_branches:
             modes["branches"] = dict(common, mode="spec", draft_ahead_max_batch=switch,
                                      draft_ahead=DraftAhead(args.draft_ahead, branches=args.draft_branches))
+    if args.speculative_max_batch:
+        modes["capped"] = dict(modes["spec"], speculative_max_batch=args.speculative_max_batch)
     best: dict[str, ModeRun] = {}
     for _ in range(args.repeats):
         for name, settings in modes.items():
@@ -216,6 +218,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--draft-ahead-max-batch", type=int, default=0, metavar="N",
                         help="draft-ahead (and branches) columns: one-pass rounds only while at most N "
                              "sequences run, classic rounds above (0: at any batch size)")
+    parser.add_argument("--speculative-max-batch", type=int, default=0, metavar="N",
+                        help="also a column of speculative rounds only while at most N sequences run, AR rounds "
+                             "above (the product's CPU default is engine.config.CPU_SPECULATIVE_MAX_BATCH), side by side")
     parser.add_argument("--no-structured-drafts", action="store_true",
                         help="leave table structure and LaTeX command names to the drafter "
                              "(model/draft_rules.py keeps drafts to them)")
@@ -235,7 +240,7 @@ def _print_table(report: dict) -> None:
     print(f"model: {report['model']}")
     print(f"data: {report['data']}")
     print("settings: " + ", ".join(f"{k}={v}" for k, v in report["settings"].items()))
-    one_pass = [name for name in ("ahead", "branches") if any(f"{name}_tok_s" in row for row in report["rows"])]
+    one_pass = [name for name in ("ahead", "branches", "capped") if any(f"{name}_tok_s" in row for row in report["rows"])]
     header = f"{'batch':>5} {'type':<8} {'req':>4} {'AR tok/s':>9} {'spec tok/s':>10} {'speed-up':>8} {'TPF':>6} {'acc/round':>9}"
     for name in one_pass:
         header += f" {name + ' tok/s':>14} {'speed-up':>8} {'TPF':>6} {'acc/round':>9}"
@@ -257,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.draft_branches and not args.draft_ahead:
         parser.error("--draft-branches needs --draft-ahead")
+    if args.speculative_max_batch < 0:
+        parser.error("--speculative-max-batch must be at least 0 (0: no such column)")
     batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b.strip()]
     torch.set_num_threads(args.threads)
     model, processor, model_note = load_model(args.model, getattr(torch, args.dtype))
@@ -280,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {"threads": args.threads, "block_size": args.block_size, "adaptive": args.adaptive,
                      "draft_ahead": args.draft_ahead, "draft_branches": args.draft_branches,
                      "structured_drafts": draft_rules is not None, "draft_ahead_max_batch": args.draft_ahead_max_batch,
+                     "speculative_max_batch": args.speculative_max_batch,
                      "max_new_tokens": args.max_new_tokens, "dtype": args.dtype, "repeats": args.repeats,
                      "clock": args.clock},
         "rows": rows,

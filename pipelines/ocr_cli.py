@@ -50,6 +50,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-ahead-max-batch", type=int, default=0, metavar="N",
                         help="with --draft-ahead: one-pass rounds only while at most N crops decode together, "
                              "classic rounds above (default 0: at any batch size)")
+    parser.add_argument("--speculative-max-batch", type=int, default=None, metavar="N",
+                        help="speculative rounds only while at most N crops decode together, AR rounds above "
+                             "(same text); 0: at any batch size; default: the device's (4 on a CPU, where a full "
+                             "batch decodes faster in AR rounds)")
     parser.add_argument("--dpi", type=float, default=150, help="PDF render resolution (default: 150)")
     parser.add_argument("--layout", choices=LAYOUT_BACKENDS, default="projection",
                         help="layout backend (default: projection; rapid needs gravityocr[layout])")
@@ -160,7 +164,8 @@ def run(args) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         config = RecognizerConfig(mode=args.mode, draft_ahead=args.draft_ahead, draft_branches=args.draft_branches,
-                                  draft_ahead_max_batch=args.draft_ahead_max_batch)
+                                  draft_ahead_max_batch=args.draft_ahead_max_batch,
+                                  speculative_max_batch=args.speculative_max_batch)
         if args.max_new_tokens is not None:
             config = config.capped(args.max_new_tokens)
         recognizer = CropRecognizer.load(model_path, config, device=device)

@@ -21,6 +21,7 @@ from PIL import Image
 
 from gravityocr.model.decoding import DecodeStats, greedy_decode, speculative_decode
 from gravityocr.model.draft_ahead import DraftAhead
+from gravityocr.model.engine.config import speculative_max_batch_for
 from gravityocr.model.loading import Recognizer, load_recognizer
 from gravityocr.model.processor import TASK_PROMPTS, EncodedPrompt, InvalidInput
 
@@ -50,6 +51,10 @@ class RecognizerConfig:
     # With draft_ahead: one-pass rounds only while at most this many crops decode together,
     # classic rounds above (EngineConfig.draft_ahead_max_batch); 0: at any batch size.
     draft_ahead_max_batch: int = 0
+    # Speculative rounds only while at most this many crops decode together, plain AR rounds
+    # above (EngineConfig.speculative_max_batch; same text); 0: at any batch size; None: the
+    # device's default (on a CPU, where a full batch decodes faster in AR rounds: 4).
+    speculative_max_batch: int | None = None
 
     def __post_init__(self):
         if self.mode not in ("spec", "ar"):
@@ -63,6 +68,9 @@ class RecognizerConfig:
             raise ValueError("draft_branches needs draft-ahead rounds: set draft_ahead too")
         if self.draft_ahead_max_batch < 0:
             raise ValueError(f"draft_ahead_max_batch must be at least 0 (0: any batch), got {self.draft_ahead_max_batch}")
+        if self.speculative_max_batch is not None and self.speculative_max_batch < 0:
+            raise ValueError("speculative_max_batch must be at least 0 (0: any batch, None: the device's default), "
+                             f"got {self.speculative_max_batch}")
         if self.draft_ahead_rounds is not None:
             self.draft_ahead_rounds.check_fits(self.block_size)
 
@@ -72,12 +80,18 @@ class RecognizerConfig:
             return None
         return DraftAhead(self.draft_ahead, branches=self.draft_branches)
 
+    def speculative_max_batch_on(self, device: str) -> int | None:
+        """EngineConfig.speculative_max_batch for an engine on `device`."""
+        if self.speculative_max_batch is None:
+            return speculative_max_batch_for(device)
+        return self.speculative_max_batch or None
+
     def capped(self, limit: int) -> "RecognizerConfig":
         """The same config with every task's output capped at `limit` tokens."""
         return RecognizerConfig(self.mode, self.block_size,
                                 {task: min(n, limit) for task, n in self.max_new_tokens.items()},
                                 self.max_batch_size, self.decoder, self.draft_ahead, self.draft_branches,
-                                self.draft_ahead_max_batch)
+                                self.draft_ahead_max_batch, self.speculative_max_batch)
 
 
 @dataclass
@@ -175,7 +189,8 @@ class CropRecognizer:
                          block_size=self.config.block_size, mode=self.config.mode, device=str(model.device),
                          dtype=model.dtype, num_threads=torch.get_num_threads(),
                          draft_ahead=self.config.draft_ahead_rounds,
-                         draft_ahead_max_batch=self.config.draft_ahead_max_batch or None),
+                         draft_ahead_max_batch=self.config.draft_ahead_max_batch or None,
+                         speculative_max_batch=self.config.speculative_max_batch_on(str(model.device))),
             eos_token_ids=self.recognizer.processor.eos_token_ids,
             draft_rules=self.recognizer.processor.draft_rules,
         )

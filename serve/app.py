@@ -293,14 +293,16 @@ class OcrService:
         crop_config = RecognizerConfig(mode=self.settings.mode, block_size=self.settings.block_size,
                                        draft_ahead=self.settings.draft_ahead,
                                        draft_branches=self.settings.draft_branches,
-                                       draft_ahead_max_batch=self.settings.draft_ahead_max_batch)
+                                       draft_ahead_max_batch=self.settings.draft_ahead_max_batch,
+                                       speculative_max_batch=self.settings.speculative_max_batch)
         self.crop_config = crop_config.capped(self.settings.max_new_tokens)
         engine_config = EngineConfig(max_batch_size=self.settings.max_batch_size,
                                      max_seq_len=min(self.settings.max_seq_len, context),
                                      block_size=self.settings.block_size, mode=self.settings.mode,
                                      device=str(model.device), dtype=model.dtype, num_threads=self.settings.threads,
                                      draft_ahead=self.crop_config.draft_ahead_rounds,
-                                     draft_ahead_max_batch=self.crop_config.draft_ahead_max_batch or None)
+                                     draft_ahead_max_batch=self.crop_config.draft_ahead_max_batch or None,
+                                     speculative_max_batch=self.crop_config.speculative_max_batch_on(str(model.device)))
         self.loop = EngineLoop(lambda: Engine(model, engine_config, recognizer.processor.eos_token_ids,
                                               draft_rules=recognizer.processor.draft_rules),
                                on_step=_record_engine_step)

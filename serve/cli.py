@@ -40,6 +40,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--draft-ahead-max-batch", type=int, metavar="N",
                         help="draft-ahead rounds only while at most N crops decode together, classic rounds "
                              "above; 0: at any batch size (overrides the config)")
+    parser.add_argument("--speculative-max-batch", type=int, metavar="N",
+                        help="speculative rounds only while at most N crops decode together, AR rounds above; "
+                             "0: at any batch size (overrides the config; default: the device's)")
 
 
 def run(args) -> int:
@@ -59,10 +62,14 @@ def run(args) -> int:
         settings.draft_branches = args.draft_branches
     if args.draft_ahead_max_batch is not None:
         settings.draft_ahead_max_batch = args.draft_ahead_max_batch
+    if args.speculative_max_batch is not None:
+        settings.speculative_max_batch = args.speculative_max_batch
     if settings.draft_branches and not settings.draft_ahead:
         raise SystemExit("gravityocr serve: draft_branches needs draft-ahead rounds: set --draft-ahead too")
     if settings.draft_ahead_max_batch < 0:
         raise SystemExit("gravityocr serve: --draft-ahead-max-batch must be at least 0 (0: any batch size)")
+    if settings.speculative_max_batch is not None and settings.speculative_max_batch < 0:
+        raise SystemExit("gravityocr serve: --speculative-max-batch must be at least 0 (0: any batch size)")
     host = args.host or http_options.get("host", "127.0.0.1")
     port = args.port or http_options.get("port", 8000)
     ray.init(address=args.address, log_to_driver=False)

@@ -24,6 +24,10 @@ class ServeSettings:
     # With draft_ahead: one-pass rounds only while at most this many crops decode together,
     # classic rounds above (0: at any batch size).
     draft_ahead_max_batch: int = 0
+    # Speculative rounds only while at most this many crops decode together, AR rounds above
+    # (same text; a CPU decodes a full batch faster in AR rounds); 0: at any batch size;
+    # None: the device's default.
+    speculative_max_batch: int | None = None
     max_seq_len: int = 2048  # prompt + output tokens of one crop
     max_new_tokens: int = 1024  # cap per crop (chat requests may ask for less)
     dpi: float = 150
@@ -54,6 +58,9 @@ class ServeSettings:
             raise ValueError("draft_branches needs draft-ahead rounds: set draft_ahead too")
         if settings.draft_ahead_max_batch < 0:
             raise ValueError(f"draft_ahead_max_batch must be at least 0 (0: any batch), got {settings.draft_ahead_max_batch}")
+        if settings.speculative_max_batch is not None and settings.speculative_max_batch < 0:
+            raise ValueError("speculative_max_batch must be at least 0 (0: any batch, None: the device's default), "
+                             f"got {settings.speculative_max_batch}")
         return settings
 
     def api_token(self) -> str | None:

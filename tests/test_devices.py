@@ -43,6 +43,9 @@ def test_serve_settings_carry_device_and_dtype():
     with pytest.raises(ValueError, match="draft_ahead_max_batch must be at least 0"):
         ServeSettings.from_args({"draft_ahead": 16, "draft_ahead_max_batch": -1})
     assert ServeSettings.from_args({"draft_ahead": 16, "draft_ahead_max_batch": 2}).draft_ahead_max_batch == 2
+    with pytest.raises(ValueError, match="speculative_max_batch must be at least 0"):
+        ServeSettings.from_args({"speculative_max_batch": -1})
+    assert ServeSettings().speculative_max_batch is None  # the device's default
 
 
 def test_engine_honours_its_dtype(trained_tiny_model, overfit_samples, tokenizer):

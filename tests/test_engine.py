@@ -169,6 +169,50 @@ def test_rounds_switch_kind_with_the_batch_size_and_stay_exact(model, eos, promp
         EngineConfig(draft_ahead=draft_ahead, draft_ahead_max_batch=0)
 
 
+@pytest.mark.parametrize("draft_ahead", [None, DraftAhead(4, 0.5, branches=2)], ids=["classic", "branches"])
+def test_a_full_batch_decodes_in_ar_rounds_and_stays_exact(model, eos, prompt_pool, greedy_outputs, draft_ahead):
+    """With speculative_max_batch, a few running sequences decode in speculative rounds and
+    a full batch in AR rounds: sequences cross both ways (an AR round drops the drafts a
+    prefill or draft-ahead round left; a speculative round after AR ones drafts afresh),
+    newcomers admitted into a full batch are prefilled without drafts, and every output is
+    still greedy's."""
+    engine = engine_for(model, eos, max_batch_size=8, block_size=8, draft_ahead=draft_ahead, speculative_max_batch=3)
+    first, later = make_requests(3, prompt_pool), make_requests(9, prompt_pool, first=3)
+    for request, _ in first:
+        engine.add_request(request)
+    results, kinds = {}, []
+    while engine.has_work():
+        before = engine.stats()
+        results.update((r.request_id, r) for r in engine.step())
+        after = engine.stats()
+        kinds.append("ar" if after.ar_rounds > before.ar_rounds else "spec")
+        if draft_ahead is not None and kinds[-1] == "spec":
+            assert after.draft_ahead_rounds == before.draft_ahead_rounds + 1
+        if len(kinds) == 2:
+            for request, _ in later:
+                engine.add_request(request)
+    for request, index in first + later:
+        result = results[request.request_id]
+        assert result.token_ids == expected(greedy_outputs, index, request.max_new_tokens)
+        # one pass per AR token, fewer per token in speculative rounds: never more passes than tokens
+        assert result.stats.forward_passes <= result.stats.committed_tokens
+    assert kinds[:2] == ["spec", "spec"] and kinds[2] == "ar" and kinds[-1] == "spec"
+    stats = engine.stats()
+    assert 0 < stats.ar_rounds < stats.rounds == len(kinds)
+    with pytest.raises(ValueError, match="speculative_max_batch must be at least 1"):
+        EngineConfig(speculative_max_batch=0)
+
+
+def test_the_cpu_default_stops_speculating_at_the_measured_crossover():
+    from gravityocr.model.engine.config import CPU_SPECULATIVE_MAX_BATCH, speculative_max_batch_for
+
+    assert speculative_max_batch_for("cpu") == CPU_SPECULATIVE_MAX_BATCH
+    assert speculative_max_batch_for("cuda:0") is None and speculative_max_batch_for("mps") is None
+    config = EngineConfig(speculative_max_batch=CPU_SPECULATIVE_MAX_BATCH)
+    assert config.speculates(CPU_SPECULATIVE_MAX_BATCH) and not config.speculates(CPU_SPECULATIVE_MAX_BATCH + 1)
+    assert not EngineConfig(mode="ar").speculates(1) and EngineConfig().speculates(10_000)
+
+
 def test_adaptive_block_is_exact(model, eos, prompt_pool, greedy_outputs):
     engine = engine_for(model, eos, max_batch_size=16, block_size=32, adaptive_block=True)
     requests = make_requests(20, prompt_pool)

@@ -25,6 +25,19 @@ def _usable_cpus() -> int:
     return len(os.sched_getaffinity(0))
 
 
+# Where speculative rounds stop paying on a CPU. `gravityocr bench decode` on every fourth
+# held-out crop (shipped weights, 2 threads), spec / AR tokens per second: 1.59 at batch 2,
+# 1.16 at 4, 0.89 at 8, 0.53 at 32.
+CPU_SPECULATIVE_MAX_BATCH = 4
+
+
+def speculative_max_batch_for(device: str) -> int | None:
+    """The product's default EngineConfig.speculative_max_batch on `device`: on a CPU the
+    measured crossover; elsewhere every batch size (a pass there costs about the same
+    whatever its length until the device is busy; no crossover measured yet)."""
+    return CPU_SPECULATIVE_MAX_BATCH if torch.device(device).type == "cpu" else None
+
+
 @dataclass
 class EngineConfig:
     max_batch_size: int = 64  # cache slots = sequences decoded together in one round
@@ -46,6 +59,12 @@ class EngineConfig:
     # longer: where a pass costs by its tokens (a CPU, a large batch) classic rounds win.
     # Both are exact, so a sequence may switch between rounds of either kind.
     draft_ahead_max_batch: int | None = None
+    # Speculative rounds only while at most this many sequences run, plain AR rounds above
+    # (None: at any batch size). A round of B drafts costs about 2(B + 1) token positions per
+    # sequence for the ~4 it commits: nearly free where a pass costs the same whatever its
+    # length (small batches, an accelerator), a loss where a pass costs by its tokens (a CPU
+    # with a full batch; see `speculative_max_batch_for`). Same output either way.
+    speculative_max_batch: int | None = None
 
     def __post_init__(self):
         if self.mode not in ("spec", "ar"):
@@ -60,10 +79,17 @@ class EngineConfig:
             self.draft_ahead.check_fits(self.block_size)
         if self.draft_ahead_max_batch is not None and self.draft_ahead_max_batch < 1:
             raise ValueError(f"draft_ahead_max_batch must be at least 1 (None: any batch), got {self.draft_ahead_max_batch}")
+        if self.speculative_max_batch is not None and self.speculative_max_batch < 1:
+            raise ValueError("speculative_max_batch must be at least 1 (None: any batch), "
+                             f"got {self.speculative_max_batch}")
+
+    def speculates(self, running: int) -> bool:
+        """Whether a round of `running` sequences is speculative (else one AR token each)."""
+        return self.mode == "spec" and (self.speculative_max_batch is None or running <= self.speculative_max_batch)
 
     def drafts_ahead(self, running: int) -> bool:
         """Whether a round of `running` sequences is a draft-ahead round."""
-        return self.mode == "spec" and self.draft_ahead is not None and (
+        return self.speculates(running) and self.draft_ahead is not None and (
             self.draft_ahead_max_batch is None or running <= self.draft_ahead_max_batch)
 
     def check_fits(self, request_id: str, prompt_length: int, max_new_tokens: int) -> None:

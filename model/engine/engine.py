@@ -3,7 +3,7 @@
 One `step()` is one round for every running sequence: admit waiting requests into free
 slots (one batched prefill, which also drafts each newcomer's first round), then draft +
 verify every running sequence together (a newcomer verifies its prefill's drafts), or one
-AR token each, commit, and hand back the sequences that finished. The output of every
+AR token each (AR mode, or a batch past EngineConfig.speculative_max_batch), commit, and hand back the sequences that finished. The output of every
 request is token for token what `decoding.greedy_decode` writes for it alone.
 
 Single-threaded and synchronous on purpose: a Ray actor or a Serve replica owns one
@@ -34,6 +34,7 @@ class EngineStats:
     batches_run: int = 0  # batched forward passes (prefill, draft, verify, AR)
     rounds: int = 0  # decode rounds (one per step that had running sequences)
     draft_ahead_rounds: int = 0  # of them, one-pass rounds (EngineConfig.draft_ahead)
+    ar_rounds: int = 0  # of them, in mode "spec", plain AR rounds (EngineConfig.speculative_max_batch)
     batch_size: int = 0  # sequences running now
     waiting: int = 0  # requests queued for a slot
     finished_requests: int = 0
@@ -123,7 +124,7 @@ class Engine:
             if self.config.drafts_ahead(len(running)):
                 self._draft_ahead_round(running)
                 self._stats.draft_ahead_rounds += 1
-            elif self.config.mode == "spec":
+            elif self.config.speculates(len(running)):
                 self._speculative_round(running)
             else:
                 self._ar_round(running)
@@ -169,8 +170,9 @@ class Engine:
 
     def _prefill(self, newcomers: list[Sequence], finished: list[RequestResult]) -> None:
         start = time.perf_counter()
-        blocks = [first_block(self.config.block_size, s.max_new_tokens) if self.config.mode == "spec" else 0
-                  for s in newcomers]
+        # Drafts for the first round only where that round is speculative (newcomers are running already).
+        speculating = self.config.speculates(len(self.scheduler.running))
+        blocks = [first_block(self.config.block_size, s.max_new_tokens) if speculating else 0 for s in newcomers]
         output = self.runner.prefill(newcomers, blocks)
         elapsed = time.perf_counter() - start
         self._stats.prefill_seconds += elapsed
@@ -221,6 +223,11 @@ class Engine:
         for sequence, token in zip(running, self.runner.ar_round(running)):
             self._count_pass(sequence)
             self._commit(sequence, [token])
+            # A speculative sequence's pending drafts were for the token just committed and
+            # those after it: a later speculative round drafts afresh.
+            sequence.drafts, sequence.drafts_alternates, sequence.drafts_confident = [], [], []
+        if self.config.mode == "spec":
+            self._stats.ar_rounds += 1
 
     def _count_pass(self, sequence: Sequence) -> None:
         sequence.stats.forward_passes += 1
