@@ -116,10 +116,16 @@ ABANDONED_ENGINE_REQUESTS = MetricSpec(
     "(timeout or client_closed); their batch slots go to live requests at the next decode round.",
     ("reason",))
 
+ENGINE_ROUNDS = MetricSpec(
+    PREFIX + "engine_rounds", "counter",
+    "Decode rounds run by the engines, by kind (speculative: a draft and a verify pass; draft_ahead: one "
+    "pass; ar: one token per sequence, in AR mode or in a batch past speculative_max_batch) and workload.",
+    ("kind", "workload"))
+
 METRICS: tuple[MetricSpec, ...] = (
     DOCUMENTS, PAGES, PAGE_ERRORS, COMMITTED_TOKENS, FORWARD_PASSES, TOKENS_PER_FORWARD,
     ACCEPTED_DRAFTS, ENGINE_BATCH_SIZE, QUEUE_DEPTH, ENGINE_ACTORS_ALIVE, REQUEST_LATENCY,
-    ABANDONED_ENGINE_REQUESTS)
+    ABANDONED_ENGINE_REQUESTS, ENGINE_ROUNDS)
 
 METRIC_NAMES: tuple[str, ...] = tuple(spec.name for spec in METRICS)
 
@@ -255,6 +261,13 @@ def record_decode(workload: str, content_type: str, committed_tokens: int, forwa
     if forward_passes > 0:
         _observe(TOKENS_PER_FORWARD, [committed_tokens / forward_passes], **tags)
     _observe(ACCEPTED_DRAFTS, [float(a) for a in accepted_per_round], **tags)
+
+
+def record_engine_rounds(workload: str, rounds_by_kind: dict[str, int]) -> None:
+    """Decode rounds an engine ran since the last call, by kind (EngineStats.rounds_by_kind)."""
+    for kind, count in rounds_by_kind.items():
+        if count > 0:
+            _inc(ENGINE_ROUNDS, count, kind=kind, workload=workload)
 
 
 def set_engine_batch_size(n: int) -> None:

@@ -19,6 +19,7 @@ from typing import Literal
 import torch
 from PIL import Image
 
+from gravityocr import metrics
 from gravityocr.model.decoding import DecodeStats, greedy_decode, speculative_decode
 from gravityocr.model.draft_ahead import DraftAhead
 from gravityocr.model.engine.config import speculative_max_batch_for
@@ -204,6 +205,7 @@ class CropRecognizer:
             for finished in engine.step():
                 results[int(finished.request_id)] = self._finish(finished.token_ids, finished.stats,
                                                                  finished.finish_reason)
+        metrics.record_engine_rounds(metrics.WORKLOAD_BATCH, engine.stats().rounds_by_kind())
         return results
 
     def _decode_one_by_one(self, jobs: list[_Job]) -> dict[int, CropResult]:

@@ -199,6 +199,9 @@ def test_a_full_batch_decodes_in_ar_rounds_and_stays_exact(model, eos, prompt_po
     assert kinds[:2] == ["spec", "spec"] and kinds[2] == "ar" and kinds[-1] == "spec"
     stats = engine.stats()
     assert 0 < stats.ar_rounds < stats.rounds == len(kinds)
+    by_kind = stats.rounds_by_kind()
+    assert sum(by_kind.values()) == stats.rounds and by_kind["ar"] == kinds.count("ar")
+    assert by_kind["speculative" if draft_ahead is None else "draft_ahead"] == kinds.count("spec")
     with pytest.raises(ValueError, match="speculative_max_batch must be at least 1"):
         EngineConfig(speculative_max_batch=0)
 

@@ -12,6 +12,7 @@ import httpx
 import pytest
 import torch
 
+from gravityocr.model.engine.config import CPU_SPECULATIVE_MAX_BATCH
 from gravityocr.model.loading import Recognizer, load_recognizer, save_recognizer
 from gravityocr.pipelines import synthetic_pages
 from gravityocr.pipelines.documents import load_pages
@@ -144,6 +145,23 @@ def test_32_concurrent_requests_share_engine_batches(served):
     assert [r.json()["choices"][0]["message"]["content"] for r in replies] == [OVERFIT_TEXTS[k] for _, k in images]
     stats = httpx.get(f"{served['url']}/v1/engine/stats", timeout=30).json()
     assert stats["peak_batch_size"] > 1
+    # on a CPU a batch past the measured crossover decodes in AR rounds, smaller ones speculate
+    assert stats["speculative_max_batch"] == CPU_SPECULATIVE_MAX_BATCH
+    assert sum(stats["rounds_by_kind"].values()) == stats["rounds"] and stats["rounds_by_kind"]["speculative"] > 0
+    if stats["peak_batch_size"] > CPU_SPECULATIVE_MAX_BATCH:
+        assert stats["rounds_by_kind"]["ar"] > 0
+
+
+def test_round_counts_reach_metrics_as_increments_across_engine_rebuilds():
+    from gravityocr.model.engine import EngineStats
+    from gravityocr.serve.app import _EngineStepRecorder
+
+    recorder = _EngineStepRecorder()
+    assert recorder.rounds_since_last(EngineStats(rounds=5, ar_rounds=2)) == {"speculative": 3, "draft_ahead": 0, "ar": 2}
+    assert recorder.rounds_since_last(EngineStats(rounds=9, ar_rounds=5)) == {"speculative": 1, "draft_ahead": 0, "ar": 3}
+    # the loop rebuilt its engine after a failed step: its counters start again
+    assert recorder.rounds_since_last(EngineStats(rounds=1, draft_ahead_rounds=1)) == {
+        "speculative": 0, "draft_ahead": 1, "ar": 0}
 
 
 def test_overload_answers_503_with_retry_after_then_serves_again(served):

@@ -34,7 +34,7 @@ class EngineStats:
     batches_run: int = 0  # batched forward passes (prefill, draft, verify, AR)
     rounds: int = 0  # decode rounds (one per step that had running sequences)
     draft_ahead_rounds: int = 0  # of them, one-pass rounds (EngineConfig.draft_ahead)
-    ar_rounds: int = 0  # of them, in mode "spec", plain AR rounds (EngineConfig.speculative_max_batch)
+    ar_rounds: int = 0  # of them, one AR token each (mode "ar", or past EngineConfig.speculative_max_batch)
     batch_size: int = 0  # sequences running now
     waiting: int = 0  # requests queued for a slot
     finished_requests: int = 0
@@ -47,6 +47,11 @@ class EngineStats:
     # CPU time of the whole process (all threads) during decode rounds: unlike wall time,
     # not inflated when other processes compete for the cores (used by the bench).
     decode_cpu_seconds: float = 0.0
+
+    def rounds_by_kind(self) -> dict[str, int]:
+        """Decode rounds so far by kind (the metrics' `kind` label)."""
+        speculative = self.rounds - self.draft_ahead_rounds - self.ar_rounds
+        return {"speculative": speculative, "draft_ahead": self.draft_ahead_rounds, "ar": self.ar_rounds}
 
     @property
     def decode_tokens_per_second(self) -> float:
@@ -226,8 +231,7 @@ class Engine:
             # A speculative sequence's pending drafts were for the token just committed and
             # those after it: a later speculative round drafts afresh.
             sequence.drafts, sequence.drafts_alternates, sequence.drafts_confident = [], [], []
-        if self.config.mode == "spec":
-            self._stats.ar_rounds += 1
+        self._stats.ar_rounds += 1
 
     def _count_pass(self, sequence: Sequence) -> None:
         sequence.stats.forward_passes += 1
