@@ -63,6 +63,9 @@ class BatchJobConfig:
     resume: bool = False
     dpi: float = 150
     mode: str = "spec"
+    # Speculative rounds only while at most this many regions decode together, AR rounds above
+    # (same text); 0: at any batch size; None: the device's default (4 on a CPU).
+    speculative_max_batch: int | None = None
     model: str | None = None  # None: the shipped default
     pages_per_batch: int = 4  # pages an engine actor reads in one engine batch
     layout: str = "projection"
@@ -129,7 +132,7 @@ class PageReader:
     """An engine actor: holds one recogniser and reads batches of pages with it."""
 
     def __init__(self, model: str | None, mode: str, layout: str, dpi: float, threads: int,
-                 max_new_tokens: int | None):
+                 max_new_tokens: int | None, speculative_max_batch: int | None = None):
         import ray
         import torch
 
@@ -141,7 +144,7 @@ class PageReader:
         torch.set_num_threads(threads)
         self.mode = mode
         self.node_id = ray.get_runtime_context().get_node_id()
-        settings = RecognizerConfig(mode=mode)
+        settings = RecognizerConfig(mode=mode, speculative_max_batch=speculative_max_batch)
         device, dtype = resolve_device("auto")  # the GPU Ray assigned this actor, if any
         recognizer = CropRecognizer.load(model or DEFAULT_MODEL_DIR,
                                          settings.capped(max_new_tokens) if max_new_tokens else settings,
@@ -282,7 +285,8 @@ def run_batch_job(config: BatchJobConfig) -> BatchSummary:
             .map_batches(
                 PageReader,
                 fn_constructor_kwargs={"model": config.model, "mode": config.mode, "layout": config.layout,
-                                       "dpi": config.dpi, "threads": threads, "max_new_tokens": config.max_new_tokens},
+                                       "dpi": config.dpi, "threads": threads, "max_new_tokens": config.max_new_tokens,
+                                       "speculative_max_batch": config.speculative_max_batch},
                 batch_size=config.pages_per_batch, batch_format="pyarrow",
                 # Ray Data restarts a dead engine actor and retries its batch (max_restarts and
                 # max_task_retries default to -1 for actor pools): a killed actor loses no page.
@@ -344,6 +348,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--resume", action="store_true", help="skip documents whose outputs are complete")
     parser.add_argument("--dpi", type=float, default=150)
     parser.add_argument("--mode", choices=("spec", "ar"), default="spec")
+    parser.add_argument("--speculative-max-batch", type=int, metavar="N",
+                        help="speculative rounds only while at most N regions decode together, AR rounds above "
+                             "(same text); 0: at any batch size; default: the device's (4 on a CPU, where a "
+                             "full batch decodes faster in AR rounds)")
     parser.add_argument("--model", help="model directory or hub name (default: the shipped model)")
     parser.add_argument("--pages-per-batch", type=int, default=4)
     parser.add_argument("--layout", default="projection")
@@ -355,10 +363,12 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     if args.min_actors < 1 or args.max_actors < args.min_actors:
         raise SystemExit(f"need 1 <= --min-actors <= --max-actors, got {args.min_actors}, {args.max_actors}")
+    if args.speculative_max_batch is not None and args.speculative_max_batch < 0:
+        raise SystemExit(f"--speculative-max-batch must be at least 0 (0: any batch size), got {args.speculative_max_batch}")
     config = BatchJobConfig(
         input_uri=args.input, output_uri=args.output, endpoint_url=args.endpoint_url, address=args.address,
         min_actors=args.min_actors, max_actors=args.max_actors, resume=args.resume, dpi=args.dpi, mode=args.mode,
-        model=args.model, pages_per_batch=args.pages_per_batch, layout=args.layout,
+        speculative_max_batch=args.speculative_max_batch, model=args.model, pages_per_batch=args.pages_per_batch, layout=args.layout,
         max_new_tokens=args.max_new_tokens, actor_resources=args.actor_resources,
     )
     summary = run_batch_job(config)
