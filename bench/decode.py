@@ -220,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "sequences run, classic rounds above (0: at any batch size)")
     parser.add_argument("--speculative-max-batch", type=int, default=0, metavar="N",
                         help="also a column of speculative rounds only while at most N sequences run, AR rounds "
-                             "above (the product's CPU default is engine.config.CPU_SPECULATIVE_MAX_BATCH), side by side")
+                             "above (the product's CPU default: 2 per thread), side by side")
     parser.add_argument("--no-structured-drafts", action="store_true",
                         help="leave table structure and LaTeX command names to the drafter "
                              "(model/draft_rules.py keeps drafts to them)")

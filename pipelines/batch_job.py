@@ -64,7 +64,7 @@ class BatchJobConfig:
     dpi: float = 150
     mode: str = "spec"
     # Speculative rounds only while at most this many regions decode together, AR rounds above
-    # (same text); 0: at any batch size; None: the device's default (4 on a CPU).
+    # (same text); 0: at any batch size; None: the device's default (on a CPU 2 per torch thread).
     speculative_max_batch: int | None = None
     model: str | None = None  # None: the shipped default
     pages_per_batch: int = 4  # pages an engine actor reads in one engine batch
@@ -350,8 +350,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--mode", choices=("spec", "ar"), default="spec")
     parser.add_argument("--speculative-max-batch", type=int, metavar="N",
                         help="speculative rounds only while at most N regions decode together, AR rounds above "
-                             "(same text); 0: at any batch size; default: the device's (4 on a CPU, where a "
-                             "full batch decodes faster in AR rounds)")
+                             "(same text); 0: at any batch size; default: the device's (on a CPU 2 per torch "
+                             "thread, where a full batch decodes faster in AR rounds)")
     parser.add_argument("--model", help="model directory or hub name (default: the shipped model)")
     parser.add_argument("--pages-per-batch", type=int, default=4)
     parser.add_argument("--layout", default="projection")

@@ -52,8 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "classic rounds above (default 0: at any batch size)")
     parser.add_argument("--speculative-max-batch", type=int, default=None, metavar="N",
                         help="speculative rounds only while at most N crops decode together, AR rounds above "
-                             "(same text); 0: at any batch size; default: the device's (4 on a CPU, where a full "
-                             "batch decodes faster in AR rounds)")
+                             "(same text); 0: at any batch size; default: the device's (on a CPU 2 per torch "
+                             "thread, where a full batch decodes faster in AR rounds)")
     parser.add_argument("--dpi", type=float, default=150, help="PDF render resolution (default: 150)")
     parser.add_argument("--layout", choices=LAYOUT_BACKENDS, default="projection",
                         help="layout backend (default: projection; rapid needs gravityocr[layout])")

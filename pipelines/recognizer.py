@@ -54,7 +54,7 @@ class RecognizerConfig:
     draft_ahead_max_batch: int = 0
     # Speculative rounds only while at most this many crops decode together, plain AR rounds
     # above (EngineConfig.speculative_max_batch; same text); 0: at any batch size; None: the
-    # device's default (on a CPU, where a full batch decodes faster in AR rounds: 4).
+    # device's default (on a CPU, where a full batch decodes faster in AR rounds: 2 per thread).
     speculative_max_batch: int | None = None
 
     def __post_init__(self):
@@ -81,10 +81,10 @@ class RecognizerConfig:
             return None
         return DraftAhead(self.draft_ahead, branches=self.draft_branches)
 
-    def speculative_max_batch_on(self, device: str) -> int | None:
-        """EngineConfig.speculative_max_batch for an engine on `device`."""
+    def speculative_max_batch_on(self, device: str, threads: int) -> int | None:
+        """EngineConfig.speculative_max_batch for an engine on `device` with `threads` torch threads."""
         if self.speculative_max_batch is None:
-            return speculative_max_batch_for(device)
+            return speculative_max_batch_for(device, threads)
         return self.speculative_max_batch or None
 
     def capped(self, limit: int) -> "RecognizerConfig":
@@ -191,7 +191,8 @@ class CropRecognizer:
                          dtype=model.dtype, num_threads=torch.get_num_threads(),
                          draft_ahead=self.config.draft_ahead_rounds,
                          draft_ahead_max_batch=self.config.draft_ahead_max_batch or None,
-                         speculative_max_batch=self.config.speculative_max_batch_on(str(model.device))),
+                         speculative_max_batch=self.config.speculative_max_batch_on(str(model.device),
+                                                                                    torch.get_num_threads())),
             eos_token_ids=self.recognizer.processor.eos_token_ids,
             draft_rules=self.recognizer.processor.draft_rules,
         )

@@ -318,7 +318,8 @@ class OcrService:
                                      device=str(model.device), dtype=model.dtype, num_threads=self.settings.threads,
                                      draft_ahead=self.crop_config.draft_ahead_rounds,
                                      draft_ahead_max_batch=self.crop_config.draft_ahead_max_batch or None,
-                                     speculative_max_batch=self.crop_config.speculative_max_batch_on(str(model.device)))
+                                     speculative_max_batch=self.crop_config.speculative_max_batch_on(str(model.device),
+                                                                                                  self.settings.threads))
         self.loop = EngineLoop(lambda: Engine(model, engine_config, recognizer.processor.eos_token_ids,
                                               draft_rules=recognizer.processor.draft_rules),
                                on_step=_EngineStepRecorder())

@@ -24,7 +24,7 @@ from document_fixtures import (  # noqa: F401
     tiny_model_dir,
     tiny_recognizer,
 )
-from gravityocr.model.engine.config import CPU_SPECULATIVE_MAX_BATCH
+from gravityocr.model.engine.config import speculative_max_batch_for
 from gravityocr.pipelines import ocr_cli
 from gravityocr.pipelines.assembly import (
     PageResult,
@@ -238,10 +238,10 @@ def test_recognizer_settings_are_checked():
     with pytest.raises(ValueError, match="speculative_max_batch must be at least 0"):
         RecognizerConfig(speculative_max_batch=-1)
     # by default the device's: on a CPU AR rounds above a few crops; 0 speculates at any batch size
-    assert RecognizerConfig().speculative_max_batch_on("cpu") == CPU_SPECULATIVE_MAX_BATCH
-    assert RecognizerConfig().speculative_max_batch_on("cuda") is None
-    assert RecognizerConfig(speculative_max_batch=0).speculative_max_batch_on("cpu") is None
-    assert RecognizerConfig(speculative_max_batch=6).capped(100).speculative_max_batch_on("cuda") == 6
+    assert RecognizerConfig().speculative_max_batch_on("cpu", 2) == speculative_max_batch_for("cpu", 2) == 4
+    assert RecognizerConfig().speculative_max_batch_on("cuda", 2) is None
+    assert RecognizerConfig(speculative_max_batch=0).speculative_max_batch_on("cpu", 2) is None
+    assert RecognizerConfig(speculative_max_batch=6).capped(100).speculative_max_batch_on("cuda", 2) == 6
 
 
 def test_engine_and_reference_decoders_agree():

@@ -12,7 +12,7 @@ import httpx
 import pytest
 import torch
 
-from gravityocr.model.engine.config import CPU_SPECULATIVE_MAX_BATCH
+from gravityocr.model.engine.config import speculative_max_batch_for
 from gravityocr.model.loading import Recognizer, load_recognizer, save_recognizer
 from gravityocr.pipelines import synthetic_pages
 from gravityocr.pipelines.documents import load_pages
@@ -146,9 +146,10 @@ def test_32_concurrent_requests_share_engine_batches(served):
     stats = httpx.get(f"{served['url']}/v1/engine/stats", timeout=30).json()
     assert stats["peak_batch_size"] > 1
     # on a CPU a batch past the measured crossover decodes in AR rounds, smaller ones speculate
-    assert stats["speculative_max_batch"] == CPU_SPECULATIVE_MAX_BATCH
+    cap = speculative_max_batch_for("cpu", ServeSettings().threads)
+    assert stats["speculative_max_batch"] == cap
     assert sum(stats["rounds_by_kind"].values()) == stats["rounds"] and stats["rounds_by_kind"]["speculative"] > 0
-    if stats["peak_batch_size"] > CPU_SPECULATIVE_MAX_BATCH:
+    if stats["peak_batch_size"] > cap:
         assert stats["rounds_by_kind"]["ar"] > 0
 
 

@@ -25,17 +25,19 @@ def _usable_cpus() -> int:
     return len(os.sched_getaffinity(0))
 
 
-# Where speculative rounds stop paying on a CPU. `gravityocr bench decode` on every fourth
-# held-out crop (shipped weights, 2 threads), spec / AR tokens per second: 1.59 at batch 2,
-# 1.16 at 4, 0.89 at 8, 0.53 at 32.
-CPU_SPECULATIVE_MAX_BATCH = 4
+# Where speculative rounds stop paying on a CPU, per torch thread (more threads absorb a
+# longer pass). `gravityocr bench decode` on every fourth held-out crop (shipped weights),
+# spec / AR tokens per second: 2 threads 1.59 at batch 2, 1.16 at 4, 0.89 at 8, 0.53 at 32;
+# 1 thread 1.16 at batch 2, 0.84 at 4, 0.64 at 8. Not measured past 2 threads.
+CPU_SPECULATIVE_BATCH_PER_THREAD = 2
 
 
-def speculative_max_batch_for(device: str) -> int | None:
-    """The product's default EngineConfig.speculative_max_batch on `device`: on a CPU the
-    measured crossover; elsewhere every batch size (a pass there costs about the same
-    whatever its length until the device is busy; no crossover measured yet)."""
-    return CPU_SPECULATIVE_MAX_BATCH if torch.device(device).type == "cpu" else None
+def speculative_max_batch_for(device: str, threads: int) -> int | None:
+    """The product's default EngineConfig.speculative_max_batch on `device` with `threads`
+    torch threads: on a CPU the measured crossover; elsewhere every batch size (a pass there
+    costs about the same whatever its length until the device is busy; no crossover
+    measured yet)."""
+    return CPU_SPECULATIVE_BATCH_PER_THREAD * threads if torch.device(device).type == "cpu" else None
 
 
 @dataclass
