@@ -249,16 +249,23 @@ def test_engine_and_reference_decoders_agree():
     page = table_formula_page(seed=40).image
     crops = [(page.crop((110, 150, 700, 200)), "text"), (page.crop((250, 300, 990, 500)), "table"),
              (page.crop((530, 630, 710, 720)), "formula")]
+    # speculative_max_batch 0: the engine speculates however many crops decode together, as
+    # the reference decoder (one crop at a time) does, so their passes agree too
     for settings in (dict(mode="spec"), dict(mode="ar"), dict(mode="spec", draft_ahead=8),
                      dict(mode="spec", draft_ahead=8, draft_branches=3)):
-        engine = _recognizer(decoder="engine", **settings).recognize(crops)
+        engine = _recognizer(decoder="engine", speculative_max_batch=0, **settings).recognize(crops)
         reference = _recognizer(decoder="reference", **settings).recognize(crops)
         assert [r.text for r in engine] == [r.text for r in reference]
         assert [r.stats.forward_passes for r in engine] == [r.stats.forward_passes for r in reference]
+    # AR rounds while more than one crop decodes: more passes, the same text
+    speculating = _recognizer(decoder="engine", speculative_max_batch=0).recognize(crops)
+    capped = _recognizer(decoder="engine", speculative_max_batch=1).recognize(crops)
+    assert [r.text for r in capped] == [r.text for r in speculating]
+    assert sum(r.stats.forward_passes for r in capped) > sum(r.stats.forward_passes for r in speculating)
     # One-pass rounds only while one crop is left: classic rounds (two passes each) while the
     # three decode together, and the same text. 64 tokens: rounds enough to tell them apart.
     def read(**settings):
-        return CropRecognizer(tiny_recognizer(), RecognizerConfig(decoder="engine", draft_ahead=8, **settings)
+        return CropRecognizer(tiny_recognizer(), RecognizerConfig(decoder="engine", draft_ahead=8, speculative_max_batch=0, **settings)
                               .capped(64)).recognize(crops)
     ahead, switched = read(), read(draft_ahead_max_batch=1)
     assert [r.text for r in switched] == [r.text for r in ahead]
