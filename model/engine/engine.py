@@ -3,8 +3,9 @@
 One `step()` is one round for every running sequence: admit waiting requests into free
 slots (one batched prefill, which also drafts each newcomer's first round), then draft +
 verify every running sequence together (a newcomer verifies its prefill's drafts), or one
-AR token each (AR mode, or a batch past EngineConfig.speculative_max_batch), commit, and hand back the sequences that finished. The output of every
-request is token for token what `decoding.greedy_decode` writes for it alone.
+AR token each (AR mode, or a batch past EngineConfig.speculative_max_batch), commit, and
+hand back the sequences that finished. The output of every request is token for token
+what `decoding.greedy_decode` writes for it alone.
 
 Single-threaded and synchronous on purpose: a Ray actor or a Serve replica owns one
 engine and calls `add_request` / `step` (or `generate`) from its own loop.
