@@ -117,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="also serve with draft-ahead rounds of L masks (mode \"ahead\")")
     parser.add_argument("--draft-ahead-max-batch", type=int, default=0, metavar="N",
                         help="with --draft-ahead: only while at most N crops decode together (0: any)")
+    parser.add_argument("--spec-all", action="store_true",
+                        help="also serve speculating at every batch size (mode \"spec-all\"); \"spec\" is the "
+                             "product's default, AR rounds past speculative_max_batch on a CPU")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
 
@@ -129,9 +132,12 @@ def main(argv: list[str] | None = None) -> int:
     serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
     rows = []
     try:
-        for mode in ("ar", "spec", "ahead") if args.draft_ahead else ("ar", "spec"):
+        modes = ["ar", "spec"] + ["spec-all"] * args.spec_all + ["ahead"] * bool(args.draft_ahead)
+        for mode in modes:
             settings = ServeSettings(model=args.model, mode="ar" if mode == "ar" else "spec", threads=args.threads,
                                      max_concurrent_requests=64)
+            if mode == "spec-all":
+                settings.speculative_max_batch = 0
             if mode == "ahead":
                 settings.draft_ahead, settings.draft_ahead_max_batch = args.draft_ahead, args.draft_ahead_max_batch
             serve.run(build_app(settings, {"ray_actor_options": {"num_cpus": 1}}), name=f"bench-{mode}",
@@ -149,9 +155,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"rows": rows}))
     else:
         first = f" {'1st text p50':>12}" if args.stream else ""
-        print(f"{'mode':>5} {'conc':>5} {'ok/sent':>9} {'p50 s':>8} {'p99 s':>8} {'req/s':>8}{first}")
+        print(f"{'mode':>8} {'conc':>5} {'ok/sent':>9} {'p50 s':>8} {'p99 s':>8} {'req/s':>8}{first}")
         for r in rows:
             first = f" {r['first_text_p50_s']!s:>12}" if args.stream else ""
-            print(f"{r['mode']:>5} {r['concurrency']:>5} {r['ok']:>4}/{r['requests']:<4} {r['p50_s']!s:>8} "
+            print(f"{r['mode']:>8} {r['concurrency']:>5} {r['ok']:>4}/{r['requests']:<4} {r['p50_s']!s:>8} "
                   f"{r['p99_s']!s:>8} {r['requests_per_second']:>8}{first}")
     return 0
