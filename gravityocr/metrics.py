@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Sequence
 
 PREFIX = "gravityocr_"
 EXPORT_PREFIX = "ray_"  # added by Ray's exporter
@@ -116,16 +116,17 @@ ABANDONED_ENGINE_REQUESTS = MetricSpec(
     "(timeout or client_closed); their batch slots go to live requests at the next decode round.",
     ("reason",))
 
-ENGINE_ROUNDS = MetricSpec(
-    PREFIX + "engine_rounds", "counter",
-    "Decode rounds run by the engines, by kind (speculative: a draft and a verify pass; draft_ahead: one "
-    "pass; ar: one token per sequence, in AR mode or in a batch past speculative_max_batch) and workload.",
-    ("kind", "workload"))
+DECODE_ROUNDS = MetricSpec(
+    PREFIX + "decode_rounds", "counter",
+    "Decode rounds each region took part in, by kind (speculative: drafts verified; ar: one token, in AR "
+    "decoding or in a CPU batch past speculative_max_batch), content type and workload.",
+    ("kind", "content_type", "workload"))
+ROUND_SPECULATIVE, ROUND_AR = "speculative", "ar"
 
 METRICS: tuple[MetricSpec, ...] = (
     DOCUMENTS, PAGES, PAGE_ERRORS, COMMITTED_TOKENS, FORWARD_PASSES, TOKENS_PER_FORWARD,
     ACCEPTED_DRAFTS, ENGINE_BATCH_SIZE, QUEUE_DEPTH, ENGINE_ACTORS_ALIVE, REQUEST_LATENCY,
-    ABANDONED_ENGINE_REQUESTS, ENGINE_ROUNDS)
+    ABANDONED_ENGINE_REQUESTS, DECODE_ROUNDS)
 
 METRIC_NAMES: tuple[str, ...] = tuple(spec.name for spec in METRICS)
 
@@ -250,24 +251,20 @@ def wait_for_export() -> None:
 
 
 def record_decode(workload: str, content_type: str, committed_tokens: int, forward_passes: int,
-                  accepted_per_round: Iterable[int] = ()) -> None:
+                  accepted_per_round: Sequence[int] = (), ar_rounds: int = 0) -> None:
     """One region decoded by a workload (WORKLOAD_BATCH or WORKLOAD_ONLINE): its token and
-    pass counts (TPF = tokens / passes) and the number of drafts accepted in each of its
-    self-speculative rounds (empty for AR decoding). Takes the fields of the engine's
-    per-request stats as they are."""
+    pass counts (TPF = tokens / passes), the number of drafts accepted in each of its
+    self-speculative rounds (empty for AR decoding) and its rounds of one AR token. Takes
+    the fields of the engine's per-request stats as they are."""
     tags = {"content_type": content_type, "workload": workload}
     _inc(COMMITTED_TOKENS, committed_tokens, **tags)
     _inc(FORWARD_PASSES, forward_passes, **tags)
     if forward_passes > 0:
         _observe(TOKENS_PER_FORWARD, [committed_tokens / forward_passes], **tags)
     _observe(ACCEPTED_DRAFTS, [float(a) for a in accepted_per_round], **tags)
-
-
-def record_engine_rounds(workload: str, rounds_by_kind: dict[str, int]) -> None:
-    """Decode rounds an engine ran since the last call, by kind (EngineStats.rounds_by_kind)."""
-    for kind, count in rounds_by_kind.items():
-        if count > 0:
-            _inc(ENGINE_ROUNDS, count, kind=kind, workload=workload)
+    for kind, rounds in ((ROUND_SPECULATIVE, len(accepted_per_round)), (ROUND_AR, ar_rounds)):
+        if rounds > 0:
+            _inc(DECODE_ROUNDS, rounds, kind=kind, **tags)
 
 
 def set_engine_batch_size(n: int) -> None:

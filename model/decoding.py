@@ -36,7 +36,10 @@ from .structured_drafts import kept_to_structure
 class DecodeStats:
     committed_tokens: int = 0
     forward_passes: int = 0  # prefill included; for AR, passes == tokens
-    accepted_per_round: list[int] = field(default_factory=list)
+    accepted_per_round: list[int] = field(default_factory=list)  # one per speculative round
+    # Rounds that committed one AR token each: every round of AR decoding, and those of a
+    # speculative decode that ran in a batch past EngineConfig.speculative_max_batch.
+    ar_rounds: int = 0
 
     @property
     def tokens_per_forward(self) -> float:
@@ -136,6 +139,7 @@ def greedy_decode(model, prompt: EncodedPrompt, max_new_tokens: int, eos_ids: se
         logits = _step(model, sequence.tokens[-1:], position + len(sequence.tokens) - 1,
                        causal_attention_mask(past, 1, model.device), cache)
         stats.forward_passes += 1
+        stats.ar_rounds += 1
         sequence.commit([int(logits[-1].argmax())])
     stats.committed_tokens = len(sequence.tokens)
     return DecodeResult(sequence.tokens, stats)

@@ -85,6 +85,10 @@ class BatchSummary:
     committed_tokens: int = 0
     forward_passes: int = 0
     tpf: float = 0.0
+    # Rounds the regions took part in: speculative ones, and AR ones (AR mode, or on a CPU a
+    # batch past speculative_max_batch, where they decode faster; they pull TPF towards 1).
+    speculative_rounds: int = 0
+    ar_rounds: int = 0
     errors: list[dict] = field(default_factory=list)  # {"document_id", "page_number", "reason", "message"}
 
 
@@ -201,13 +205,14 @@ def write_pages(batch: pa.Table, destination: StorageLocation) -> pa.Table:
 
 
 def region_decode_stats(regions_json: str | None) -> list[dict]:
-    """Content type, token and pass counts and accepted drafts per round of each region a
+    """Content type, token and pass counts, accepted drafts per round and AR rounds of each region a
     page's JSON says was decoded. The driver records them: an engine actor is killed when
     the job ends (or the pool shrinks), losing what it recorded since Ray's last metrics push."""
     page = json.loads(regions_json) if regions_json else None
     return [{"content_type": region["task"] or region["type"], "committed_tokens": region["stats"]["committed_tokens"],
              "forward_passes": region["stats"]["forward_passes"],
-             "accepted_per_round": region["stats"]["accepted_per_round"]}
+             "accepted_per_round": region["stats"]["accepted_per_round"],
+             "ar_rounds": region["stats"]["ar_rounds"]}
             for region in (page or {}).get("regions", []) if region.get("stats")]
 
 
@@ -323,6 +328,8 @@ def _finish_document(destination: StorageLocation, document_id: str, pages: list
         summary.forward_passes += page["forward_passes"] or 0
         for region in json.loads(page["decode_stats_json"]):
             metrics.record_decode(metrics.WORKLOAD_BATCH, **region)
+            summary.speculative_rounds += len(region["accepted_per_round"])
+            summary.ar_rounds += region["ar_rounds"]
         if page["error_reason"]:
             summary.errors.append({"document_id": document_id, "page_number": page["page_number"],
                                    "reason": page["error_reason"], "message": page["error_message"]})
@@ -374,7 +381,8 @@ def run(args) -> int:
     summary = run_batch_job(config)
     print(f"documents: {summary.documents} ({summary.documents_failed} failed, {summary.documents_skipped} "
           f"already complete)   pages: {summary.pages} ({summary.page_errors} with errors)   "
-          f"{summary.pages_per_second:.2f} pages/s   TPF {summary.tpf:.2f}   {summary.seconds:.1f} s")
+          f"{summary.pages_per_second:.2f} pages/s   TPF {summary.tpf:.2f} ({summary.speculative_rounds} speculative "
+          f"rounds, {summary.ar_rounds} AR rounds)   {summary.seconds:.1f} s")
     for error in summary.errors:
         print(f"  error {error['document_id']} page {error['page_number']}: {error['reason']}: {error['message']}")
     print(f"outputs: {config.output_uri}")

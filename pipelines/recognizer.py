@@ -19,7 +19,6 @@ from typing import Literal
 import torch
 from PIL import Image
 
-from gravityocr import metrics
 from gravityocr.model.decoding import DecodeStats, greedy_decode, speculative_decode
 from gravityocr.model.draft_ahead import DraftAhead
 from gravityocr.model.engine.config import speculative_max_batch_for
@@ -114,6 +113,7 @@ class CropResult:
             "forward_passes": self.stats.forward_passes,
             "tokens_per_forward": round(self.stats.tokens_per_forward, 4),
             "accepted_per_round": list(self.stats.accepted_per_round),
+            "ar_rounds": self.stats.ar_rounds,
             "finish_reason": self.finish_reason,
         }
 
@@ -206,7 +206,6 @@ class CropRecognizer:
             for finished in engine.step():
                 results[int(finished.request_id)] = self._finish(finished.token_ids, finished.stats,
                                                                  finished.finish_reason)
-        metrics.record_engine_rounds(metrics.WORKLOAD_BATCH, engine.stats().rounds_by_kind())
         return results
 
     def _decode_one_by_one(self, jobs: list[_Job]) -> dict[int, CropResult]:

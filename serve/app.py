@@ -67,28 +67,12 @@ def _abandon(engine_requests: EngineRequests, reason: str) -> None:
     metrics.record_abandoned_engine_requests(reason, engine_requests.abandon())
 
 
-class _EngineStepRecorder:
-    """The engine loop's `on_step`: batch size, queue depth, finished regions, and the rounds
-    run since the step before (the counters restart at 0 when the loop rebuilds its engine
-    after a failed step)."""
-
-    def __init__(self):
-        self._rounds: dict[str, int] = {}
-
-    def __call__(self, stats, finished) -> None:
-        metrics.set_engine_batch_size(stats.batch_size)
-        metrics.set_queue_depth(stats.waiting)
-        for result in finished:
-            metrics.record_decode(metrics.WORKLOAD_ONLINE, result.task, result.stats.committed_tokens,
-                                  result.stats.forward_passes, result.stats.accepted_per_round)
-        metrics.record_engine_rounds(metrics.WORKLOAD_ONLINE, self.rounds_since_last(stats))
-
-    def rounds_since_last(self, stats) -> dict[str, int]:
-        rounds = stats.rounds_by_kind()
-        previous, self._rounds = self._rounds, rounds
-        if any(count < previous.get(kind, 0) for kind, count in rounds.items()):  # a rebuilt engine
-            return rounds
-        return {kind: count - previous.get(kind, 0) for kind, count in rounds.items()}
+def _record_engine_step(stats, finished) -> None:
+    metrics.set_engine_batch_size(stats.batch_size)
+    metrics.set_queue_depth(stats.waiting)
+    for result in finished:
+        metrics.record_decode(metrics.WORKLOAD_ONLINE, result.task, result.stats.committed_tokens,
+                              result.stats.forward_passes, result.stats.accepted_per_round, result.stats.ar_rounds)
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -322,7 +306,7 @@ class OcrService:
                                                                                                   self.settings.threads))
         self.loop = EngineLoop(lambda: Engine(model, engine_config, recognizer.processor.eos_token_ids,
                                               draft_rules=recognizer.processor.draft_rules),
-                               on_step=_EngineStepRecorder())
+                               on_step=_record_engine_step)
         metrics.engine_actor_started(device)
         self.recognizer = recognizer
         self.engine_config = engine_config

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import signal
 import subprocess
@@ -17,7 +18,7 @@ import torch
 
 from gravityocr.model.loading import Recognizer, save_recognizer
 from gravityocr.pipelines import synthetic_pages
-from gravityocr.pipelines.batch_job import BatchJobConfig, run_batch_job
+from gravityocr.pipelines.batch_job import BatchJobConfig, region_decode_stats, run_batch_job
 from ray_cluster import processes_mentioning
 
 
@@ -87,6 +88,11 @@ def test_s3_to_s3_on_two_raylets_with_bad_documents(ray_cluster, s3_endpoint, mo
         [("reports/three-pages.pdf", n) for n in (1, 2, 3)] + [("scans/two-frames.tiff", n) for n in (1, 2)]
         + [("one.png", 1)])
     assert all(r["markdown"] and r["committed_tokens"] > 0 for r in good)
+    stats = [region for r in good for region in region_decode_stats(r["regions_json"])]
+    assert summary.speculative_rounds == sum(len(region["accepted_per_round"]) for region in stats)
+    # the tiny model never says eos, so a page's crops decode together to the end: past the
+    # CPU default's cap that is all AR rounds
+    assert summary.ar_rounds == sum(region["ar_rounds"] for region in stats) > 0
     assert {r["document_id"] for r in rows if r["error_reason"]} == set(bad_documents())
     # Each raylet offers one unit of the actors' custom resource, so the two actors sit on
     # different raylets; which of them reads which page is Ray Data's choice (a fast actor may
@@ -118,7 +124,7 @@ def test_killed_engine_actor_loses_and_duplicates_nothing(ray_cluster, model_dir
     result = {}
     job = threading.Thread(target=lambda: result.update(summary=run_batch_job(BatchJobConfig(
         str(source), str(output), address=ray_cluster.address, min_actors=2, max_actors=2, model=model_dir,
-        pages_per_batch=1, max_new_tokens=48))))
+        pages_per_batch=1, max_new_tokens=48, speculative_max_batch=0))))
     job.start()
     killed = None
     deadline = time.monotonic() + 240
@@ -133,6 +139,7 @@ def test_killed_engine_actor_loses_and_duplicates_nothing(ray_cluster, model_dir
     assert killed is not None, "the job finished before an engine actor could be killed"
     summary = result["summary"]
     assert summary.pages == 8 and summary.documents_failed == 0
+    assert summary.speculative_rounds > 0 and summary.ar_rounds == 0  # speculating at every batch size
     files = _page_files(output)
     assert len(files) == 8 and len(set(files)) == 8
     rows = [row for f in files for row in pq.read_table(output / f).to_pylist()]

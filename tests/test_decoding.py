@@ -48,7 +48,8 @@ def test_speculative_equals_greedy_and_hf_generate(tiny_model_factory, processor
     assert ar.token_ids == reference
     assert spec.token_ids == ar.token_ids
     assert ar.stats.forward_passes == ar.stats.committed_tokens == len(ar.token_ids)
-    assert spec.stats.committed_tokens == len(spec.token_ids)
+    assert ar.stats.ar_rounds == ar.stats.forward_passes - 1 and not ar.stats.accepted_per_round  # after the prefill
+    assert spec.stats.committed_tokens == len(spec.token_ids) and spec.stats.ar_rounds == 0
 
 
 @pytest.mark.parametrize("block_size", [2, 5, 32])

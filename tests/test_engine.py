@@ -196,6 +196,11 @@ def test_a_full_batch_decodes_in_ar_rounds_and_stays_exact(model, eos, prompt_po
         assert result.token_ids == expected(greedy_outputs, index, request.max_new_tokens)
         # one pass per AR token, fewer per token in speculative rounds: never more passes than tokens
         assert result.stats.forward_passes <= result.stats.committed_tokens
+        assert result.stats.ar_rounds <= kinds.count("ar")
+    # every AR round counts in the stats of each sequence it ran, and the first newcomers into
+    # the full batch (admitted in the AR round right after) ran some
+    assert sum(r.stats.ar_rounds for r in results.values()) >= kinds.count("ar")
+    assert results[later[0][0].request_id].stats.ar_rounds > 0
     assert kinds[:2] == ["spec", "spec"] and kinds[2] == "ar" and kinds[-1] == "spec"
     stats = engine.stats()
     assert 0 < stats.ar_rounds < stats.rounds == len(kinds)

@@ -46,11 +46,10 @@ def test_every_call_is_a_no_op_without_ray():
     code = textwrap.dedent("""
         import sys
         from gravityocr import metrics as m
-        m.record_document(); m.record_page(error_reason="render"); m.record_decode(m.WORKLOAD_BATCH, "text", 30, 4, [12, 14])
+        m.record_document(); m.record_page(error_reason="render"); m.record_decode(m.WORKLOAD_BATCH, "text", 30, 4, [12, 14], ar_rounds=1)
         m.set_engine_batch_size(3); m.set_queue_depth(2); m.engine_actor_started("cpu"); m.engine_actor_stopped()
         m.observe_request_latency("/v1/ocr", 200, 0.3)
         m.record_abandoned_engine_requests(m.ABANDONED_TIMEOUT, 2)
-        m.record_engine_rounds(m.WORKLOAD_BATCH, {"speculative": 3, "ar": 2})
         assert "ray" not in sys.modules, "recording without Ray imported ray"
     """)
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
@@ -72,8 +71,7 @@ EXPORT_SCRIPT = textwrap.dedent("""
         def step(self):
             m.set_engine_batch_size(8)
             m.set_queue_depth(3)
-            m.record_decode(m.WORKLOAD_ONLINE, "table", 270, 20, [25, 24, 26, 0, 31])
-            m.record_engine_rounds(m.WORKLOAD_ONLINE, {"speculative": 5, "draft_ahead": 0, "ar": 2})
+            m.record_decode(m.WORKLOAD_ONLINE, "table", 270, 20, [25, 24, 26, 0, 31], ar_rounds=2)
             return True
 
     @ray.remote(num_cpus=0)

@@ -122,6 +122,7 @@ def test_each_region_is_read_with_the_task_of_its_type(processed):
         if region.type in ("text", "title", "caption", "header", "footer"):
             assert region.lines and all(line.stats["committed_tokens"] <= MAX_NEW_TOKENS for line in region.lines)
             assert region.stats["committed_tokens"] == sum(line.stats["committed_tokens"] for line in region.lines)
+            assert region.stats["ar_rounds"] == sum(line.stats["ar_rounds"] for line in region.lines)
         else:
             assert region.lines == []
 

@@ -153,18 +153,6 @@ def test_32_concurrent_requests_share_engine_batches(served):
         assert stats["rounds_by_kind"]["ar"] > 0
 
 
-def test_round_counts_reach_metrics_as_increments_across_engine_rebuilds():
-    from gravityocr.model.engine import EngineStats
-    from gravityocr.serve.app import _EngineStepRecorder
-
-    recorder = _EngineStepRecorder()
-    assert recorder.rounds_since_last(EngineStats(rounds=5, ar_rounds=2)) == {"speculative": 3, "draft_ahead": 0, "ar": 2}
-    assert recorder.rounds_since_last(EngineStats(rounds=9, ar_rounds=5)) == {"speculative": 1, "draft_ahead": 0, "ar": 3}
-    # the loop rebuilt its engine after a failed step: its counters start again
-    assert recorder.rounds_since_last(EngineStats(rounds=1, draft_ahead_rounds=1)) == {
-        "speculative": 0, "draft_ahead": 1, "ar": 0}
-
-
 def test_overload_answers_503_with_retry_after_then_serves_again(served):
     png = _png_bytes(random_image(100, 84, 56))  # under the strict app's upload limit
     url = f"{served['url']}/strict/v1/ocr"

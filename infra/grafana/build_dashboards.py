@@ -70,7 +70,7 @@ QUEUE = m.QUEUE_DEPTH.exported_name
 ENGINES = m.ENGINE_ACTORS_ALIVE.exported_name
 LATENCY = m.REQUEST_LATENCY.exported_name
 ABANDONED = m.ABANDONED_ENGINE_REQUESTS.exported_name
-ROUNDS = m.ENGINE_ROUNDS.exported_name
+ROUNDS = m.DECODE_ROUNDS.exported_name
 
 
 def query(expr: str, legend: str = "", ref: str = "A") -> Dataquery:
@@ -205,9 +205,9 @@ def throughput() -> Dashboard:
             query(f"{rate_sum(TOKENS, 'workload')} / {rate_sum(PASSES, 'workload')}", "{{workload}}")))
         .with_panel(timeseries(
             "Decode rounds/s by kind",
-            "Engine decode rounds per second: speculative (draft + verify pass), draft_ahead (one pass), ar (one "
-            "token per sequence: AR mode, or a CPU batch past speculative_max_batch, where AR rounds decode "
-            "faster). TPF falls as ar rounds rise: the engine choosing throughput, not worse drafts.",
+            "Rounds regions took part in per second: speculative (drafts verified) or ar (one token: AR "
+            "decoding, or a CPU batch past speculative_max_batch, where AR rounds decode faster). TPF falls "
+            "as ar rounds rise: the engine choosing throughput, not worse drafts.",
             "short", query(rate_sum(ROUNDS, "kind, workload"), "{{kind}} {{workload}}")))
     )
 

@@ -228,6 +228,7 @@ class Engine:
     def _ar_round(self, running: list[Sequence]) -> None:
         for sequence, token in zip(running, self.runner.ar_round(running)):
             self._count_pass(sequence)
+            sequence.stats.ar_rounds += 1
             self._commit(sequence, [token])
             # A speculative sequence's pending drafts were for the token just committed and
             # those after it: a later speculative round drafts afresh.
