@@ -21,7 +21,6 @@ from PIL import Image
 
 from gravityocr.model.decoding import DecodeStats, greedy_decode, speculative_decode
 from gravityocr.model.draft_ahead import DraftAhead
-from gravityocr.model.engine.config import speculative_max_batch_for
 from gravityocr.model.loading import Recognizer, load_recognizer
 from gravityocr.model.processor import TASK_PROMPTS, EncodedPrompt, InvalidInput
 
@@ -83,6 +82,8 @@ class RecognizerConfig:
     def speculative_max_batch_on(self, device: str, threads: int) -> int | None:
         """EngineConfig.speculative_max_batch for an engine on `device` with `threads` torch threads."""
         if self.speculative_max_batch is None:
+            from gravityocr.model.engine.config import speculative_max_batch_for  # the engine loads lazily
+
             return speculative_max_batch_for(device, threads)
         return self.speculative_max_batch or None
 

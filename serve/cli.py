@@ -64,12 +64,10 @@ def run(args) -> int:
         settings.draft_ahead_max_batch = args.draft_ahead_max_batch
     if args.speculative_max_batch is not None:
         settings.speculative_max_batch = args.speculative_max_batch
-    if settings.draft_branches and not settings.draft_ahead:
-        raise SystemExit("gravityocr serve: draft_branches needs draft-ahead rounds: set --draft-ahead too")
-    if settings.draft_ahead_max_batch < 0:
-        raise SystemExit("gravityocr serve: --draft-ahead-max-batch must be at least 0 (0: any batch size)")
-    if settings.speculative_max_batch is not None and settings.speculative_max_batch < 0:
-        raise SystemExit("gravityocr serve: --speculative-max-batch must be at least 0 (0: any batch size)")
+    try:
+        settings.check()  # the config's settings with the command line's overrides
+    except ValueError as error:
+        raise SystemExit(f"gravityocr serve: {error}") from None
     host = args.host or http_options.get("host", "127.0.0.1")
     port = args.port or http_options.get("port", 8000)
     ray.init(address=args.address, log_to_driver=False)

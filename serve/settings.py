@@ -52,16 +52,20 @@ class ServeSettings:
         if unknown:
             raise ValueError(f"unknown serve settings {sorted(unknown)}; known: {sorted(known)}")
         settings = cls(**args)
-        if settings.mode not in ("spec", "ar"):
-            raise ValueError(f"mode must be 'spec' or 'ar', got {settings.mode!r}")
-        if settings.draft_branches and not settings.draft_ahead:
-            raise ValueError("draft_branches needs draft-ahead rounds: set draft_ahead too")
-        if settings.draft_ahead_max_batch < 0:
-            raise ValueError(f"draft_ahead_max_batch must be at least 0 (0: any batch), got {settings.draft_ahead_max_batch}")
-        if settings.speculative_max_batch is not None and settings.speculative_max_batch < 0:
-            raise ValueError("speculative_max_batch must be at least 0 (0: any batch, None: the device's default), "
-                             f"got {settings.speculative_max_batch}")
+        settings.check()
         return settings
+
+    def check(self) -> None:
+        """Raise ValueError for settings that cannot serve (after a config or command-line override)."""
+        if self.mode not in ("spec", "ar"):
+            raise ValueError(f"mode must be 'spec' or 'ar', got {self.mode!r}")
+        if self.draft_branches and not self.draft_ahead:
+            raise ValueError("draft_branches needs draft-ahead rounds: set draft_ahead too")
+        if self.draft_ahead_max_batch < 0:
+            raise ValueError(f"draft_ahead_max_batch must be at least 0 (0: any batch), got {self.draft_ahead_max_batch}")
+        if self.speculative_max_batch is not None and self.speculative_max_batch < 0:
+            raise ValueError("speculative_max_batch must be at least 0 (0: any batch, None: the device's default), "
+                             f"got {self.speculative_max_batch}")
 
     def api_token(self) -> str | None:
         """The bearer token requests must carry, or None when auth is off. Never logged."""

@@ -3,6 +3,9 @@ only when the cluster has them."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -60,3 +63,11 @@ def test_engine_honours_its_dtype(trained_tiny_model, overfit_samples, tokenizer
         assert result.token_ids == overfit_samples[0].target_ids
     finally:
         model.to(torch.float64)
+
+
+@pytest.mark.parametrize("flags, words", [(["--speculative-max-batch", "-1"], "speculative_max_batch must be at least 0"),
+                                          (["--draft-branches", "2"], "draft_branches needs draft-ahead")])
+def test_serve_command_refuses_bad_overrides_before_starting_ray(flags, words):
+    done = subprocess.run([sys.executable, "-m", "gravityocr.cli", "serve", *flags], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 1 and f"gravityocr serve: {words}" in done.stderr
