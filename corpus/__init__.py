@@ -1,0 +1,1 @@
+"""Real-document training and evaluation data from Debian's documentation packages."""
