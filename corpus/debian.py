@@ -54,11 +54,21 @@ class UnpackedPackage:
     name: str
     root: Path  # the unpacked tree: root / "usr/share/doc/..."
     licence: str
+    only: frozenset[str] | None = None  # a view of these files (relative paths) alone
 
     def files(self, *suffixes: str) -> list[Path]:
         """Files under the tree with one of `suffixes` (".pdf", ".html" ...), gzipped or not, sorted."""
         wanted = tuple(s.lower() for s in suffixes) + tuple(s.lower() + ".gz" for s in suffixes)
-        return sorted(p for p in self.root.rglob("*") if p.is_file() and p.name.lower().endswith(wanted))
+        # Symbolic links are the same file under a second name (texmf trees link into /usr/share/doc).
+        found = sorted(p for p in self.root.rglob("*")
+                       if p.is_file() and not p.is_symlink() and p.name.lower().endswith(wanted))
+        if self.only is not None:
+            found = [p for p in found if self.relative(p) in self.only]
+        return found
+
+    def restricted_to(self, relative_paths) -> "UnpackedPackage":
+        """The same package seen through a subset of its files (a unit of a resumable build)."""
+        return UnpackedPackage(self.name, self.root, self.licence, frozenset(relative_paths))
 
     @staticmethod
     def read_bytes(path: Path) -> bytes:

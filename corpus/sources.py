@@ -12,10 +12,9 @@ from .debian import check_not_reserved
 # type -> packages read for training shards
 TRAINING = {
     "text": ["texlive-pictures-doc", "texlive-pstricks-doc", "texlive-fonts-extra-doc", "lilypond-doc-pdf",
-             "live-manual-pdf", "auto-multiple-choice-doc-pdf", "bash-doc", "docbook-xsl-doc-pdf",
-             "siscone-doc-pdf"],
+             "live-manual-pdf", "siscone-doc-pdf"],
     "page": ["texlive-pictures-doc", "texlive-pstricks-doc", "texlive-fonts-extra-doc", "lilypond-doc-pdf",
-             "live-manual-pdf", "bash-doc"],
+             "live-manual-pdf", "siscone-doc-pdf"],
     "table": ["postgresql-doc-15", "gimp-help-en", "texlive-pictures-doc", "texlive-pstricks-doc",
               "texlive-fonts-extra-doc"],
     "formula": ["texlive-pictures-doc", "texlive-pstricks-doc", "texlive-fonts-extra-doc"],
@@ -23,8 +22,10 @@ TRAINING = {
 
 # type -> packages read for the committed evaluation set data/real
 EVALUATION = {
-    "text": ["asymptote-doc", "why3-doc-pdf", "gri-pdf-doc"],
-    "page": ["asymptote-doc", "why3-doc-pdf", "gri-pdf-doc"],
+    "text": ["asymptote-doc", "why3-doc-pdf", "gri-pdf-doc", "bash-doc", "docbook-xsl-doc-pdf",
+             "auto-multiple-choice-doc-pdf"],
+    "page": ["asymptote-doc", "why3-doc-pdf", "gri-pdf-doc", "bash-doc", "docbook-xsl-doc-pdf",
+             "auto-multiple-choice-doc-pdf"],
     "table": ["sqlite3-doc", "git-doc", "maxima-doc"],
     "formula": ["texlive-latex-extra-doc"],
 }

@@ -18,7 +18,9 @@ COMMANDS = {
     "serve": ("gravityocr.serve.cli", "serve the OCR HTTP API on Ray Serve"),
     "train": ("gravityocr.model.training", "train a recogniser with the joint objective"),
     "grpo": ("gravityocr.model.grpo", "GRPO on the AR path with OCR rewards, from trained weights"),
-    "eval": ("gravityocr.model.evaluation", "score a recogniser on an evaluation manifest directory"),
+    "eval": ("gravityocr.pipelines.evaluation", "score a recogniser on an evaluation set: crops, and pages through the page pipeline"),
+    "data": ("gravityocr.corpus.build",
+             "build training shards or a real evaluation set from Debian documentation packages"),
     "average": ("gravityocr.model.averaging", "average the weights of recognisers trained from the same start"),
 }
 # bench subcommand -> (module with main(argv) -> int, help)

@@ -1,30 +1,29 @@
-"""`gravityocr eval DIR`: score a recogniser on an evaluation manifest directory.
+"""Score a recogniser on the crops of an evaluation set (text lines, tables, formulas).
 
-Every item is decoded by the batched engine in self-speculative mode; with `--check-exact`
+Every item is decoded by the batched engine in self-speculative mode; with `check_exact`
 the same items are decoded again in plain AR mode, and `exact` says whether every
-output is identical. An item whose image cannot be read scores 0 and is listed.
+output is identical. An item whose image cannot be read scores 0 and is listed. Whole
+pages are read by the page pipeline (`gravityocr eval`, pipelines/evaluation.py), which
+builds on this module; the model room does not import the pipelines.
 """
 
 from __future__ import annotations
 
-import json
 import statistics
-import sys
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 
 from .draft_ahead import DraftAhead
 from .engine import Engine, EngineConfig, Request
-from .loading import DEFAULT_MODEL_DIR, Recognizer, load_recognizer
-from .manifest import ManifestItem, read_manifest
+from .loading import Recognizer
+from .manifest import ManifestItem
 from .metrics import score
 from .processor import InvalidInput
 
 # Response budgets by content type (tokens; the character tokenizer spends one per character).
-MAX_NEW_TOKENS = {"text": 256, "table": 512, "formula": 256, "page": 1024}
-PAGE_TASK = "text"  # a whole page crop is read with the text prompt
+MAX_NEW_TOKENS = {"text": 256, "table": 512, "formula": 256}
 
 
 @dataclass
@@ -67,9 +66,8 @@ def _decode_all(recognizer: Recognizer, items: list[ManifestItem], mode: str, ba
     processor = recognizer.processor
     requests, errors = [], {}
     for item in items:
-        task = PAGE_TASK if item.type == "page" else item.type
         try:
-            prompt = processor.encode(item.load_image(), task)
+            prompt = processor.encode(item.load_image(), item.type)
         except (OSError, InvalidInput, ValueError) as error:
             errors[item.id] = f"{type(error).__name__}: {error}"
             continue
@@ -89,7 +87,11 @@ def evaluate(recognizer: Recognizer, items: list[ManifestItem], batch_size: int 
              check_exact: bool = False, draft_ahead: DraftAhead | None = None,
              structured_drafts: bool = True) -> EvalReport:
     """`structured_drafts`: keep drafts to a table's structure and LaTeX's command names
-    (model/draft_rules.py); off to measure what it buys."""
+    (model/draft_rules.py); off to measure what it buys. Crops only: a whole page is read by
+    the page pipeline, not as one crop."""
+    pages = [item.id for item in items if item.type not in MAX_NEW_TOKENS]
+    if pages:
+        raise ValueError(f"evaluate() reads crops; {len(pages)} item(s) are of another type (first: {pages[0]!r})")
     results, errors = _decode_all(recognizer, items, "spec", batch_size, block_size, draft_ahead, structured_drafts)
     exact = None
     if check_exact:
@@ -133,52 +135,3 @@ def summarize(outcomes: list[ItemOutcome], exact: bool | None) -> EvalReport:
 def _tokens_per_pass(outcomes: list[ItemOutcome]) -> float:
     passes = sum(o.forward_passes for o in outcomes)
     return sum(o.committed_tokens for o in outcomes) / passes if passes else 0.0
-
-
-def add_arguments(parser) -> None:
-    parser.add_argument("directory", help="evaluation directory with manifest.jsonl")
-    parser.add_argument("--model", default=str(DEFAULT_MODEL_DIR), help="model directory or hub name")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--block-size", type=int, default=32)
-    parser.add_argument("--draft-ahead", type=int, default=0, metavar="L",
-                        help="draft-ahead rounds with blocks of L masks (one pass per round); default: classic rounds")
-    parser.add_argument("--draft-branches", type=int, default=0, metavar="N",
-                        help="with --draft-ahead: also verify second-choice branches at the first N doubtful drafts")
-    parser.add_argument("--limit", type=int, help="only the first N items")
-    parser.add_argument("--check-exact", action="store_true", help="also decode with plain AR and compare outputs")
-    parser.add_argument("--threads", type=int, help="torch threads (default: all the process may use)")
-    parser.add_argument("--items", metavar="FILE", help="write per-item outcomes as JSON lines here")
-    parser.add_argument("--no-structured-drafts", action="store_true",
-                        help="leave table structure and LaTeX command names to the drafter (to measure what "
-                             "keeping drafts to them buys)")
-
-
-def run(args) -> int:
-    if args.draft_branches and not args.draft_ahead:
-        raise SystemExit("gravityocr eval: --draft-branches needs --draft-ahead")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    items = read_manifest(args.directory)
-    if args.limit:
-        items = items[:args.limit]
-    recognizer = load_recognizer(args.model)
-    report = evaluate(recognizer, items, args.batch_size, args.block_size, args.check_exact,
-                      DraftAhead(args.draft_ahead, branches=args.draft_branches) if args.draft_ahead else None,
-                      not args.no_structured_drafts)
-    if args.items:
-        with open(args.items, "w") as stream:
-            for outcome in report.items:
-                stream.write(json.dumps(asdict(outcome)) + "\n")
-    if args.json:
-        print(json.dumps(report.to_json()))
-    else:
-        print(f"items: {report.n}   overall: {report.overall:.4f}   tpf: {report.tpf:.2f}")
-        for kind, value in report.scores.items():
-            print(f"  {kind:8s} score {value:.4f}   tpf {report.tpf_by_type[kind]:.2f}   "
-                  f"accepted/round {report.accepted_per_round[kind]:.2f}")
-        if report.exact is not None:
-            print(f"  spec == AR on every item: {report.exact}")
-        for entry in report.unreadable:
-            print(f"  unreadable {entry['id']}: {entry['error']}", file=sys.stderr)
-    return 0

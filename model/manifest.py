@@ -1,7 +1,8 @@
 """The evaluation data contract: a directory holding `manifest.jsonl` and the images it names.
 
 One JSON object per line: {"id", "image" (path relative to the directory), "type", "text"},
-type one of text | table | formula | page. Any evaluation set (the committed synthetic
+type one of text | table | formula | page, and optionally "source": where a real item came
+from (package, file, page), so a set can be checked for sources it must not hold. Any evaluation set (the committed synthetic
 held-out set, or an independent one) is read the same way. A missing image file is not an
 error here: the evaluator scores that item 0 and lists it, so one lost file cannot hide
 the rest of a run.
@@ -28,6 +29,7 @@ class ManifestItem:
     image_path: Path  # absolute
     type: str
     text: str  # the reference
+    source: str | None = None  # where the item came from, for real-document sets
 
     def load_image(self) -> Image.Image:
         """The image as RGB (the set may store grayscale PNGs to stay small)."""
@@ -65,8 +67,11 @@ def read_manifest(directory: str | os.PathLike) -> list[ManifestItem]:
             raise ValueError(f"{where}: unknown type {record['type']!r}; expected one of {list(MANIFEST_TYPES)}")
         if record["id"] in seen:
             raise ValueError(f"{where}: duplicate id {record['id']!r}")
+        if not isinstance(record.get("source", ""), str):
+            raise ValueError(f"{where}: key 'source' must be a string")
         seen.add(record["id"])
-        items.append(ManifestItem(record["id"], directory / record["image"], record["type"], record["text"]))
+        items.append(ManifestItem(record["id"], directory / record["image"], record["type"], record["text"],
+                                  record.get("source")))
     return items
 
 
@@ -80,6 +85,8 @@ def write_manifest(directory: str | os.PathLike, items: Iterable[ManifestItem]) 
             raise ValueError(f"item {item.id!r}: unknown type {item.type!r}")
         relative = Path(os.path.relpath(Path(item.image_path).resolve(), directory)).as_posix()
         record = {"id": item.id, "image": relative, "type": item.type, "text": item.text}
+        if item.source is not None:
+            record["source"] = item.source
         lines.append(json.dumps(record, ensure_ascii=False))
     path = _manifest_file(directory)
     path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")

@@ -1,0 +1,320 @@
+"""`gravityocr data build`: training shards, and `gravityocr data eval-set`: a real evaluation set.
+
+A training build is cut into units, one per (type, package, group of files), each with its
+own seed derived from the build's seed, so the same seed gives the same items whatever
+order or how often the build ran. A finished unit is one Parquet shard, written to a
+temporary name and renamed, so a build killed at any point resumes by skipping the shards
+that exist and never holds half a unit or an item twice. `manifest.jsonl` (one line per
+item: id, shard, type, package, file, page, licence, renderer, augmentation) is rewritten
+from the shards at the end of every run.
+
+An evaluation set draws from the evaluation side of `sources.py`, round robin over its
+packages for variety, and is written in the manifest format `gravityocr eval` reads, each
+item with its source.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import random
+import sys
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from PIL import Image
+
+from .augment import scan_like
+from .debian import UnpackedPackage, check_not_reserved, fetch_package
+from .items import CorpusItem
+from .sources import EVALUATION, TRAINING, check_sources
+
+DEFAULT_CACHE = Path.home() / ".cache" / "gravityocr" / "debian"
+TYPES = ("text", "page", "table", "formula")
+
+# The files each type reads, and how many of them make one unit of a build.
+_SUFFIXES = {"text": (".pdf",), "page": (".pdf",), "table": (".html", ".htm", ".tex"), "formula": (".tex",)}
+_FILES_PER_UNIT = {"text": 4, "page": 4, "table": 40, "formula": 20}
+
+SHARD_SCHEMA = pa.schema([
+    ("id", pa.string()), ("type", pa.string()), ("text", pa.string()), ("image", pa.binary()),
+    ("package", pa.string()), ("file", pa.string()), ("page", pa.int32()), ("locator", pa.string()),
+    ("licence", pa.string()), ("renderer", pa.string()), ("augment", pa.string()),
+])
+
+
+def _table_items(package: UnpackedPackage, seed: int, limit: int | None) -> Iterator[CorpusItem]:
+    from .tables import html_table_items, latex_table_items
+
+    yield from html_table_items(package, seed, limit)
+    yield from latex_table_items(package, seed + 1, limit)
+
+
+def _formula_items(package: UnpackedPackage, seed: int, limit: int | None) -> Iterator[CorpusItem]:
+    from .formulas import formula_items
+
+    yield from formula_items(package, seed, limit)
+
+
+def _text_items(package: UnpackedPackage, seed: int, limit: int | None) -> Iterator[CorpusItem]:
+    from .pdf_text import line_items
+
+    yield from line_items(package, seed, limit)
+
+
+def _page_items(package: UnpackedPackage, seed: int, limit: int | None) -> Iterator[CorpusItem]:
+    from .pdf_text import page_items
+
+    yield from page_items(package, seed, limit)
+
+
+ITEM_SOURCES: dict[str, Callable[[UnpackedPackage, int, int | None], Iterator[CorpusItem]]] = {
+    "text": _text_items, "page": _page_items, "table": _table_items, "formula": _formula_items,
+}
+
+
+@dataclass(frozen=True)
+class Unit:
+    type: str
+    package: str
+    index: int
+    files: tuple[str, ...]
+
+    @property
+    def shard(self) -> str:
+        return f"{self.type}/{self.package}/{self.index:05d}.parquet"
+
+    def seed(self, build_seed: int) -> int:
+        key = f"{build_seed}:{self.type}:{self.package}:{self.index}"
+        return int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "big")
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    output: Path
+    cache: Path = DEFAULT_CACHE
+    seed: int = 0
+    types: tuple[str, ...] = TYPES
+    packages: tuple[str, ...] | None = None  # None: every training package of each type
+    items_per_unit: int | None = 400
+    augment_share: float = 0.2  # share of items given scan-like degradation
+
+
+def plan_units(package: UnpackedPackage, type: str) -> list[Unit]:
+    files = [package.relative(p) for p in package.files(*_SUFFIXES[type])]
+    size = _FILES_PER_UNIT[type]
+    return [Unit(type, package.name, index, tuple(files[start:start + size]))
+            for index, start in enumerate(range(0, len(files), size))]
+
+
+def _png(image: Image.Image) -> bytes:
+    buffer = io.BytesIO()
+    gray = image.convert("L")
+    rgb = image.convert("RGB")
+    keep = gray if gray.convert("RGB").tobytes() == rgb.tobytes() else rgb
+    keep.save(buffer, format="PNG", optimize=True)
+    return buffer.getvalue()
+
+
+def unit_items(unit: Unit, package: UnpackedPackage, build_seed: int, limit: int | None,
+               augment_share: float, sources=ITEM_SOURCES) -> Iterator[CorpusItem]:
+    """The unit's items, a share of them degraded like scans, deterministic for the seed."""
+    seed = unit.seed(build_seed)
+    rng = random.Random(seed ^ 0x5EED)
+    for item in sources[unit.type](package.restricted_to(unit.files), seed, limit):
+        if rng.random() < augment_share:
+            item.image, item.augment = scan_like(item.image, rng)
+        yield item
+
+
+def _write_shard(path: Path, items: list[CorpusItem]) -> None:
+    rows = defaultdict(list)
+    for item in items:
+        for key, value in (("id", item.id), ("type", item.type), ("text", item.text), ("image", _png(item.image)),
+                           ("package", item.source.package), ("file", item.source.file), ("page", item.source.page),
+                           ("locator", item.source.locator), ("licence", item.source.licence),
+                           ("renderer", item.source.renderer), ("augment", item.augment)):
+            rows[key].append(value)
+    table = pa.table({name: rows[name] for name in SHARD_SCHEMA.names}, schema=SHARD_SCHEMA)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    pq.write_table(table, partial)
+    partial.rename(path)
+
+
+def write_manifest(output: Path) -> int:
+    """Rewrite manifest.jsonl from every finished shard; returns the number of items."""
+    lines = []
+    for shard in sorted(output.glob("shards/**/*.parquet")):
+        columns = ["id", "type", "package", "file", "page", "licence", "renderer", "augment"]
+        for row in pq.read_table(shard, columns=columns).to_pylist():
+            lines.append(json.dumps({**row, "shard": shard.relative_to(output).as_posix()}, ensure_ascii=False))
+    (output / "manifest.jsonl").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return len(lines)
+
+
+def build(config: BuildConfig, log=print) -> Counter:
+    """Run (or resume) a training build; returns items written in this run, by type."""
+    check_sources()
+    written: Counter = Counter()
+    seconds: Counter = Counter()
+    for type in config.types:
+        packages = config.packages or tuple(TRAINING[type])
+        for name in packages:
+            check_not_reserved(name)
+            if name not in TRAINING[type]:
+                raise ValueError(f"{name!r} is not a training source of {type} items (corpus/sources.py)")
+            package = fetch_package(name, config.cache)
+            for unit in plan_units(package, type):
+                shard = config.output / "shards" / unit.shard
+                if shard.exists():
+                    continue
+                started = time.perf_counter()
+                items = list(unit_items(unit, package, config.seed, config.items_per_unit, config.augment_share))
+                _write_shard(shard, items)
+                seconds[type] += time.perf_counter() - started
+                written[type] += len(items)
+                log(f"{unit.shard}: {len(items)} items")
+    total = write_manifest(config.output)
+    for type in config.types:
+        rate = 60 * written[type] / seconds[type] if seconds[type] else 0.0
+        log(f"{type}: {written[type]} items this run, {rate:.0f} items/minute")
+    log(f"manifest: {total} items in {config.output / 'manifest.jsonl'}")
+    return written
+
+
+def read_shards(output: Path, types: tuple[str, ...] = TYPES) -> Iterator[dict]:
+    """Every item of a build as a dict with the image decoded (for training and inspection)."""
+    for shard in sorted(output.glob("shards/**/*.parquet")):
+        for row in pq.read_table(shard).to_pylist():
+            if row["type"] in types:
+                row["image"] = Image.open(io.BytesIO(row["image"])).convert("RGB")
+                yield row
+
+
+# --- the evaluation set ------------------------------------------------------------------
+
+EVAL_COUNTS = {"text": 320, "page": 14, "table": 45, "formula": 66}
+
+
+def build_eval_set(output: Path, cache: Path = DEFAULT_CACHE, seed: int = 0,
+                   counts: dict[str, int] = EVAL_COUNTS, augment_share: float = 0.15, log=print) -> int:
+    """Write an evaluation manifest directory from the evaluation-side packages."""
+    from gravityocr.model.manifest import ManifestItem
+    from gravityocr.model.manifest import write_manifest as write_eval_manifest
+
+    check_sources()
+    output = Path(output).resolve()
+    rng = random.Random(seed)
+    chosen: list[ManifestItem] = []
+    for type, wanted in counts.items():
+        streams = []
+        for name in EVALUATION[type]:
+            package = fetch_package(name, cache)
+            units = plan_units(package, type)
+            random.Random(f"{seed}:{type}:{name}").shuffle(units)
+            streams.append(_unit_streams(units, package, seed))
+        picked = _round_robin(streams, wanted, per_unit=_EVAL_PER_UNIT[type])
+        for item in picked:
+            if rng.random() < augment_share:
+                item.image, item.augment = scan_like(item.image, rng)
+            path = output / "images" / f"{item.id}.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(_png(item.image))
+            source = item.source.describe() + (f" [{item.augment}]" if item.augment else "")
+            chosen.append(ManifestItem(item.id, path, item.type, item.text, source))
+        log(f"{type}: {len(picked)} items")
+    write_eval_manifest(output, chosen)
+    return len(chosen)
+
+
+def _unit_streams(units: list[Unit], package: UnpackedPackage, seed: int) -> Iterator[Iterator[CorpusItem]]:
+    for unit in units:
+        yield unit_items(unit, package, seed, None, 0.0, _EVAL_SOURCES)
+
+
+def _eval_lines(package: UnpackedPackage, seed: int, limit: int | None) -> Iterator[CorpusItem]:
+    from .pdf_text import TextConfig, line_items
+
+    yield from line_items(package, seed, limit, TextConfig(lines_per_page=3, pages_per_file=400))
+
+
+def _eval_pages(package: UnpackedPackage, seed: int, limit: int | None) -> Iterator[CorpusItem]:
+    from .pdf_text import TextConfig, page_items
+
+    yield from page_items(package, seed, limit, config=TextConfig(pages_per_file=400))
+
+
+# Evaluation items spread over many pages: a few lines a page, every page of a file a candidate.
+_EVAL_SOURCES = {**ITEM_SOURCES, "text": _eval_lines, "page": _eval_pages}
+# At most this many items from one unit of an evaluation package, so no file dominates.
+_EVAL_PER_UNIT = {"text": 60, "page": 3, "table": 4, "formula": 6}
+
+
+def _round_robin(streams: list[Iterator[Iterator[CorpusItem]]], wanted: int, per_unit: int) -> list[CorpusItem]:
+    picked: list[CorpusItem] = []
+    seen: set[str] = set()
+    live = list(streams)
+    while live and len(picked) < wanted:
+        for stream in list(live):
+            unit = next(stream, None)
+            if unit is None:
+                live.remove(stream)
+                continue
+            taken = 0
+            for item in unit:
+                if item.text in seen:
+                    continue
+                seen.add(item.text)
+                picked.append(item)
+                taken += 1
+                if taken >= per_unit or len(picked) >= wanted:
+                    break
+            if len(picked) >= wanted:
+                break
+    return picked
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="action", required=True)
+    train = actions.add_parser("build", help="training shards from Debian documentation (resumable)")
+    train.add_argument("output", type=Path, help="build directory (shards/ and manifest.jsonl)")
+    train.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="where packages are downloaded and unpacked")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--types", default=",".join(TYPES), help="comma-separated: text,page,table,formula")
+    train.add_argument("--packages", help="comma-separated training packages (default: all of each type)")
+    train.add_argument("--items-per-unit", type=int, default=400, help="at most this many items per shard")
+    train.add_argument("--augment-share", type=float, default=0.2)
+    evaluation = actions.add_parser("eval-set", help="a real-document evaluation set from the evaluation packages")
+    evaluation.add_argument("output", type=Path, help="directory for manifest.jsonl and images/")
+    evaluation.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
+    evaluation.add_argument("--seed", type=int, default=0)
+
+
+def run(args) -> int:
+    if args.action == "eval-set":
+        build_eval_set(args.output, args.cache, args.seed)
+        return 0
+    types = tuple(t.strip() for t in args.types.split(",") if t.strip())
+    unknown = [t for t in types if t not in TYPES]
+    if unknown:
+        print(f"gravityocr data build: unknown type(s) {unknown}; expected some of {list(TYPES)}", file=sys.stderr)
+        return 2
+    if not 0.0 <= args.augment_share <= 1.0:
+        print("gravityocr data build: --augment-share must be within [0, 1]", file=sys.stderr)
+        return 2
+    packages = tuple(p.strip() for p in args.packages.split(",")) if args.packages else None
+    try:
+        build(BuildConfig(args.output, args.cache, args.seed, types, packages, args.items_per_unit,
+                          args.augment_share))
+    except ValueError as error:  # a reserved or unknown package, named in the message
+        print(f"gravityocr data build: {error}", file=sys.stderr)
+        return 2
+    return 0
