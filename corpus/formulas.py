@@ -1,0 +1,465 @@
+"""Display-formula items: formulas found in a package's LaTeX sources, rendered two ways.
+
+Extraction (`find_display_formulas`, `extract_display_math`) is pure string work: it finds
+`\\[...\\]`, `$$...$$`, `equation(*)`, `displaymath`, and the single equations of `align(*)`
+and `gather(*)` (rows split at `\\\\`, side-by-side equations at every second `&`), drops
+`\\label`, `\\tag`, `\\nonumber` and alignment `&`, and keeps a formula only when
+
+- every command in it is a standard LaTeX / amsmath / amssymb math command (`MATH_COMMANDS`),
+  every environment a standard math one (`MATH_ENVIRONMENTS`), and none of its commands or
+  environments is (re)defined by the document itself: its look then does not depend on the
+  document's preamble, so our own preamble renders what the document showed;
+- it and its target are at most `FormulaConfig.max_chars` long (the target at least
+  `min_chars`) and use only characters of the recogniser's vocabulary, so the target can be
+  decoded at all;
+- its target, `canonicalize_latex(formula)`, is a fixed point of `canonicalize_latex`: the
+  evaluator scores canonical forms, and a target it would rewrite again could never be
+  matched exactly.
+
+Rendering (`formula_items`) typesets each formula as the document wrote it (`\\left`,
+`\\frac12` and all) with pdflatex, many formulas one page each per LaTeX run, and with
+matplotlib's mathtext in a font set drawn from the seed; the item's text is the target. When
+pdflatex is among the renderers, a formula it cannot compile is dropped for every renderer, so
+each target is LaTeX that compiles. Every random choice for a formula comes from
+`random.Random(f"{seed}/{target}")`, so an item depends only on the seed and its formula, not
+on the limit or on which other formulas a package holds.
+"""
+
+from __future__ import annotations
+
+import bisect
+import io
+import random
+import re
+import subprocess
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pypdfium2 as pdfium
+from PIL import Image, ImageOps
+
+from ..model.metrics import canonicalize_latex
+from ..model.tokenizer import character_vocabulary
+from .debian import UnpackedPackage, check_not_reserved
+from .items import CorpusItem, Source
+
+MATHTEXT_FONTSETS = ("cm", "stix", "stixsans", "dejavusans", "dejavuserif")
+
+# Commands of LaTeX's math mode, amsmath and amssymb that render the same in any document
+# loading amsmath and amssymb (without their backslash).
+MATH_COMMANDS = frozenset("""
+alpha beta gamma delta epsilon varepsilon zeta eta theta vartheta iota kappa varkappa lambda mu nu
+xi pi varpi rho varrho sigma varsigma tau upsilon phi varphi chi psi omega digamma
+Gamma Delta Theta Lambda Xi Pi Sigma Upsilon Phi Psi Omega
+varGamma varDelta varTheta varLambda varXi varPi varSigma varUpsilon varPhi varPsi varOmega
+pm mp times div cdot ast star circ bullet oplus ominus otimes oslash odot cap cup sqcap sqcup vee
+wedge land lor setminus smallsetminus wr diamond bigtriangleup bigtriangledown triangleleft
+triangleright amalg dagger ddagger uplus boxplus boxminus boxtimes boxdot ltimes rtimes dotplus
+centerdot barwedge curlyvee curlywedge intercal
+leq le geq ge neq ne equiv sim simeq approx cong propto prec succ preceq succeq ll gg subset supset
+subseteq supseteq subsetneq supsetneq nsubseteq nsupseteq sqsubset sqsupset sqsubseteq sqsupseteq
+in ni notin owns vdash dashv models perp mid parallel nmid nparallel asymp doteq bowtie smile frown
+leqslant geqslant lesssim gtrsim lll ggg approxeq thicksim thickapprox backsim eqsim triangleq
+nless ngtr nleq ngeq nleqslant ngeqslant nsim ncong lneq gneq vDash Vdash nvdash nvDash
+leftarrow gets rightarrow to Leftarrow Rightarrow leftrightarrow Leftrightarrow longleftarrow
+longrightarrow Longleftarrow Longrightarrow longleftrightarrow Longleftrightarrow iff implies
+impliedby mapsto longmapsto hookleftarrow hookrightarrow uparrow downarrow updownarrow Uparrow
+Downarrow Updownarrow nearrow searrow swarrow nwarrow leftharpoonup leftharpoondown rightharpoonup
+rightharpoondown rightleftharpoons leftrightharpoons xrightarrow xleftarrow twoheadrightarrow
+twoheadleftarrow rightarrowtail leftarrowtail leftrightarrows rightleftarrows rightrightarrows
+leftleftarrows upharpoonright upharpoonleft downharpoonright downharpoonleft circlearrowleft
+circlearrowright curvearrowleft curvearrowright nleftarrow nrightarrow nLeftarrow nRightarrow
+nleftrightarrow nLeftrightarrow rightsquigarrow leftrightsquigarrow
+infty partial nabla forall exists nexists emptyset varnothing neg lnot aleph beth gimel hbar hslash
+ell wp Re Im prime backprime angle measuredangle sphericalangle triangle square blacksquare
+top bot surd flat natural sharp clubsuit diamondsuit heartsuit spadesuit imath jmath
+ldots cdots vdots ddots dots dotsc dotsb dotsm dotsi dotso colon complement mho eth Bbbk circledS
+checkmark lozenge blacklozenge bigstar blacktriangle blacktriangledown vartriangle
+sum prod coprod int iint iiint iiiint idotsint oint bigcup bigcap bigsqcup bigvee bigwedge bigoplus
+bigotimes bigodot biguplus
+arccos arcsin arctan arg cos cosh cot coth csc deg det dim exp gcd hom inf ker lg lim liminf limsup
+ln log max min Pr sec sin sinh sup tan tanh injlim projlim varliminf varlimsup varinjlim varprojlim
+langle rangle lceil rceil lfloor rfloor lvert rvert lVert rVert vert Vert backslash lbrace rbrace
+lbrack rbrack ulcorner urcorner llcorner lrcorner lgroup rgroup lmoustache rmoustache
+left right middle big Big bigg Bigg bigl bigr Bigl Bigr biggl biggr Biggl Biggr bigm Bigm
+hat check breve acute grave tilde bar vec dot ddot dddot ddddot mathring widehat widetilde overline
+underline overbrace underbrace overrightarrow overleftarrow overleftrightarrow underrightarrow
+underleftarrow underleftrightarrow
+mathrm mathbf mathit mathsf mathtt mathcal mathbb mathfrak mathnormal boldsymbol pmb
+frac dfrac tfrac cfrac genfrac binom dbinom tbinom sqrt stackrel overset underset substack
+text textrm textbf textit texttt textsf textup mbox operatorname mod bmod pmod pod
+quad qquad enspace thinspace medspace thickspace negthinspace negmedspace negthickspace
+phantom hphantom vphantom smash strut mathop mathbin mathrel
+displaystyle textstyle scriptstyle scriptscriptstyle limits nolimits not
+begin end hline
+""".split())
+
+# Control symbols (a backslash and one non-letter) with a fixed meaning in math mode.
+MATH_SYMBOLS = frozenset(",;:!> {}|#%&_$\\")
+
+# Environments a display formula may contain.
+MATH_ENVIRONMENTS = frozenset("""
+matrix pmatrix bmatrix Bmatrix vmatrix Vmatrix smallmatrix cases array aligned alignedat gathered
+split subarray
+""".split())
+
+# Display environments and how a body is split into formulas (True: one per line).
+DISPLAY_ENVIRONMENTS = {"equation": False, "equation*": False, "displaymath": False,
+                        "align": True, "align*": True, "gather": True, "gather*": True}
+
+_VOCABULARY = frozenset(character_vocabulary()) - {"\n"}
+
+_COMMENT = re.compile(r"(?m)((?:^|[^\\])(?:\\\\)*)%.*$")
+# Tokens of a LaTeX source as far as finding math needs them.
+_SOURCE_TOKEN = re.compile(r"\\verb\*?([^a-zA-Z\s*])[^\n]*?\1|\\(?:begin|end)\s*\{[^{}\n]*\}"
+                           r"|\\[a-zA-Z@]+|\\.|\$\$|\$|\n[ \t]*\n|[{}&]", re.DOTALL)
+_DEFINITION = re.compile(
+    r"\\(?:(?:re)?newcommand|providecommand|DeclareRobustCommand|DeclareMathOperator|"
+    r"(?:New|Renew|Provide|Declare)DocumentCommand|DeclareMathSymbol|DeclarePairedDelimiter\w*|"
+    r"DeclareMathAlphabet|let|[egx]?def|(?:re)?newenvironment|(?:New|Renew)DocumentEnvironment)"
+    r"\*?\s*\{?\s*\\?([a-zA-Z@]+\*?)")
+_COMMAND = re.compile(r"\\([a-zA-Z]+)|\\(.)", re.DOTALL)
+_ENVIRONMENT = re.compile(r"\\(begin|end)\s*\{([^{}]*)\}")
+_DROPPED = re.compile(r"\\label\s*\{[^{}]*\}|\\tag\*?\s*\{[^{}]*\}|\\nonumber\b|\\notag\b")
+_ROW_OPTIONS = re.compile(r"\s*\*?\s*(?:\[[^\[\]]*\])?")
+_PAGE_MARK = "GRAVITYFORMULA"
+
+
+@dataclass(frozen=True)
+class FormulaConfig:
+    max_chars: int = 150  # longest formula (as rendered and as target) kept
+    min_chars: int = 3  # shortest target kept: a lone symbol says little about formula layout
+    dpi: tuple[int, int] = (100, 300)  # inclusive range the rasterising dpi is drawn from
+    mathtext_points: tuple[int, int] = (10, 14)  # inclusive range of mathtext font sizes, in points
+    latex_points: int = 10  # the article class's font size; the drawn dpi varies the pixel size
+    margin_points: float = 3.0  # white margin around the ink, in points at the item's dpi
+    batch: int = 64  # formulas per pdflatex run
+    latex_timeout_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class DisplayFormula:
+    line: int  # 1-based line of the source where the formula starts
+    latex: str  # the formula as rendered: labels, tags and alignment & removed, whitespace folded
+    target: str  # canonicalize_latex(latex), a fixed point of canonicalize_latex
+
+
+# ---------------------------------------------------------------- extraction
+
+
+def extract_display_math(tex_source: str, config: FormulaConfig = FormulaConfig()) -> list[str]:
+    """The usable display formulas of one LaTeX source, in source order, one per target."""
+    return [formula.latex for formula in find_display_formulas(tex_source, config)]
+
+
+def find_display_formulas(tex_source: str, config: FormulaConfig = FormulaConfig()) -> list[DisplayFormula]:
+    """Every display formula (or align/gather line) of the source that passes the filters in the
+    module docstring, first occurrence of each target only."""
+    text = _COMMENT.sub(r"\1", tex_source)
+    defined = {name for name in _DEFINITION.findall(text)}
+    line_starts = [0] + [m.end() for m in re.finditer("\n", text)]
+    found: list[DisplayFormula] = []
+    seen: set[str] = set()
+    for offset, body, split in _display_bodies(text):
+        for piece_offset, piece in (_equations(body) if split else [(0, body)]):
+            latex = " ".join(_DROPPED.sub(" ", piece).split())
+            target = usable_target(latex, defined, config)
+            if target is None or target in seen:
+                continue
+            seen.add(target)
+            start = offset + piece_offset + (len(piece) - len(piece.lstrip()))
+            found.append(DisplayFormula(bisect.bisect_right(line_starts, start), latex, target))
+    return found
+
+
+def usable_target(latex: str, defined: set[str] = frozenset(),
+                  config: FormulaConfig = FormulaConfig()) -> str | None:
+    """The formula's target if it passes the filters in the module docstring, else None."""
+    if not latex or len(latex) > config.max_chars or not set(latex) <= _VOCABULARY:
+        return None
+    if re.search(r"(?<!\\)(?:\\\\)*[$#]", latex) or not _balanced(latex):
+        return None
+    for word, symbol in _COMMAND.findall(latex):
+        if word and (word not in MATH_COMMANDS or word in defined):
+            return None
+        if symbol and symbol not in MATH_SYMBOLS:
+            return None
+    for _, name in _ENVIRONMENT.findall(latex):
+        if name not in MATH_ENVIRONMENTS or name in defined:
+            return None
+    target = canonicalize_latex(latex)
+    if not config.min_chars <= len(target) <= config.max_chars or canonicalize_latex(target) != target:
+        return None
+    return target
+
+
+def _display_bodies(text: str) -> Iterator[tuple[int, str, bool]]:
+    """(offset, body, split into lines?) of each display in the source. Inline `$...$` is skipped
+    so that its dollars are never taken for `$$`; nothing spans a blank line (TeX refuses a
+    paragraph break in math), which resynchronises the scan after any unbalanced `$`."""
+    tokens = list(_SOURCE_TOKEN.finditer(text))
+    i = 0
+    while i < len(tokens):
+        token = re.sub(r"\s+", "", tokens[i].group())
+        closer, split = None, False
+        if token == r"\[":
+            closer = r"\]"
+        elif token in ("$$", "$"):
+            closer = token
+        elif token.startswith(r"\begin{") and token[7:-1] in DISPLAY_ENVIRONMENTS:
+            closer, split = r"\end{" + token[7:-1] + "}", DISPLAY_ENVIRONMENTS[token[7:-1]]
+        if closer is None:
+            i += 1
+            continue
+        j = i + 1
+        while j < len(tokens):
+            other = re.sub(r"\s+", "", tokens[j].group())
+            if other == closer or not other or (closer != "$" and other in (r"\[", "$$")):
+                break
+            j += 1
+        if j < len(tokens) and re.sub(r"\s+", "", tokens[j].group()) == closer:
+            if token != "$":
+                yield tokens[i].end(), text[tokens[i].end():tokens[j].start()], split
+            i = j + 1
+        else:
+            i += 1
+
+
+def _equations(body: str) -> list[tuple[int, str]]:
+    """(offset, text) of the equations of an align/gather body. Rows end at `\\\\` (its `*` and
+    `[length]` option dropped, as amsmath reads them); within a row, odd `&` are alignment points
+    (dropped) and even `&` separate side-by-side equations (split), all outside braces and nested
+    environments."""
+    equations = []
+    for row_offset, row in _split_top_level(body, "\\\\"):
+        cells = _split_top_level(row, "&")
+        for k in range(0, len(cells), 2):
+            equations.append((row_offset + cells[k][0], " ".join(cell for _, cell in cells[k:k + 2])))
+    return equations
+
+
+def _split_top_level(text: str, separator: str) -> list[tuple[int, str]]:
+    """(offset, piece) of `text` split at `separator` tokens outside braces and environments."""
+    pieces, depth, start = [], 0, 0
+    for m in _SOURCE_TOKEN.finditer(text):
+        token = m.group()
+        if token == "{" or token.startswith(r"\begin"):
+            depth += 1
+        elif token == "}" or token.startswith(r"\end"):
+            depth -= 1
+        elif token == separator and depth == 0:
+            pieces.append((start, text[start:m.start()]))
+            start = _ROW_OPTIONS.match(text, m.end()).end() if separator == "\\\\" else m.end()
+    pieces.append((start, text[start:]))
+    return pieces
+
+
+def _balanced(latex: str) -> bool:
+    """Braces balanced and environments opened and closed in order."""
+    depth = 0
+    for m in re.finditer(r"\\.|[{}]", latex, re.DOTALL):
+        if m.group() == "{":
+            depth += 1
+        elif m.group() == "}":
+            depth -= 1
+            if depth < 0:
+                return False
+    if depth:
+        return False
+    stack = []
+    for kind, name in _ENVIRONMENT.findall(latex):
+        if kind == "begin":
+            stack.append(name)
+        elif not stack or stack.pop() != name:
+            return False
+    return not stack
+
+
+# ---------------------------------------------------------------- rendering
+
+
+def package_formulas(package: UnpackedPackage,
+                     config: FormulaConfig = FormulaConfig()) -> list[tuple[str, DisplayFormula]]:
+    """(file inside the package, formula) for each target of the package's .tex sources, first
+    occurrence in sorted file order."""
+    check_not_reserved(package.name)
+    found, seen = [], set()
+    for path in package.files(".tex"):
+        data = package.read_bytes(path)
+        try:
+            source = data.decode("utf-8")
+        except UnicodeDecodeError:
+            source = data.decode("latin-1")
+        for formula in find_display_formulas(source, config):
+            if formula.target not in seen:
+                seen.add(formula.target)
+                found.append((package.relative(path), formula))
+    return found
+
+
+def formula_items(package: UnpackedPackage, seed: int, limit: int | None = None,
+                  renderers: Sequence[str] = ("pdflatex", "mathtext"),
+                  config: FormulaConfig = FormulaConfig()) -> Iterator[CorpusItem]:
+    """Up to `limit` formula items of the package: per formula, its pdflatex rendering and then its
+    mathtext rendering (where mathtext parses it), formulas in `package_formulas` order. The same
+    package, seed, renderers and config give the same items, image bytes included."""
+    unknown = set(renderers) - {"pdflatex", "mathtext"}
+    if unknown:
+        raise ValueError(f"unknown renderers {sorted(unknown)}: pdflatex and mathtext are known")
+    formulas = package_formulas(package, config)
+    yielded = 0
+    for start in range(0, len(formulas), config.batch):
+        batch = formulas[start:start + config.batch]
+        choices = [_choices(seed, formula.target, config) for _, formula in batch]
+        if "pdflatex" in renderers:
+            latex_images = render_pdflatex([f.latex for _, f in batch], [c["latex_dpi"] for c in choices],
+                                           config)
+        else:
+            latex_images = [None] * len(batch)
+        for (file, formula), chosen, latex_image in zip(batch, choices, latex_images):
+            source = Source(package.name, file, package.licence, locator=f"line{formula.line}")
+            made = []
+            if "pdflatex" in renderers:
+                if latex_image is None:
+                    continue  # not LaTeX that compiles: no target for any renderer
+                made.append((latex_image, "pdflatex", chosen["latex_dpi"]))
+            if "mathtext" in renderers:
+                image = render_mathtext(formula.latex, chosen["fontset"], chosen["mathtext_points"],
+                                        chosen["mathtext_dpi"], config)
+                if image is not None:
+                    made.append((image, f"mathtext-{chosen['fontset']}", chosen["mathtext_dpi"]))
+            for image, renderer, dpi in made:
+                yield CorpusItem("formula", image, formula.target, replace(source, renderer=renderer),
+                                 extra={"dpi": dpi})
+                yielded += 1
+                if limit is not None and yielded >= limit:
+                    return
+
+
+def _choices(seed: int, target: str, config: FormulaConfig) -> dict:
+    """Every random choice for one formula, drawn in a fixed order from a generator of its own."""
+    rng = random.Random(f"{seed}/{target}")
+    return {"latex_dpi": rng.randint(*config.dpi), "fontset": rng.choice(MATHTEXT_FONTSETS),
+            "mathtext_points": rng.randint(*config.mathtext_points), "mathtext_dpi": rng.randint(*config.dpi)}
+
+
+def render_pdflatex(formulas: Sequence[str], dpis: Sequence[int],
+                    config: FormulaConfig = FormulaConfig()) -> list[Image.Image | None]:
+    """Each formula typeset in display style by pdflatex (article, amsmath, amssymb) and cropped to
+    its ink plus the margin; None where it does not compile cleanly. All formulas go through as few
+    LaTeX runs as possible: one run for the batch, a second without the formulas the log blames,
+    and halves of the batch only when a run still fails."""
+    pages = _compile_all(list(formulas), config)
+    return [None if page is None else _crop(page(dpi), dpi, config) for page, dpi in zip(pages, dpis)]
+
+
+def _compile_all(formulas: list[str], config: FormulaConfig) -> list:
+    """Per formula, a function dpi -> rendered PIL page region, or None where it does not compile."""
+    if not formulas:
+        return []
+    pages, blamed = _compile(formulas, config)
+    if pages is not None:
+        return pages
+    if len(formulas) == 1:
+        return [None]
+    if blamed and len(blamed) < len(formulas):
+        kept = [i for i in range(len(formulas)) if i not in blamed]
+        retry, _ = _compile([formulas[i] for i in kept], config)
+        if retry is not None:
+            out = [None] * len(formulas)
+            for i, page in zip(kept, retry):
+                out[i] = page
+            return out
+    middle = len(formulas) // 2
+    return _compile_all(formulas[:middle], config) + _compile_all(formulas[middle:], config)
+
+
+def _compile(formulas: list[str], config: FormulaConfig) -> tuple[list | None, set[int]]:
+    """(page renderers, blamed) for one LaTeX run: page renderers only when the run was clean and gave
+    one page per formula, else None and the indices of the formulas the log reports errors in."""
+    body = "".join(f"\\typeout{{{_PAGE_MARK}{i}}}\n\\[ {formula} \\]\n\\clearpage\n"
+                   for i, formula in enumerate(formulas))
+    document = (f"\\documentclass[{config.latex_points}pt]{{article}}\n\\usepackage{{amsmath,amssymb}}\n"
+                "\\usepackage[paperwidth=100cm,paperheight=40cm,margin=2cm]{geometry}\n"
+                "\\pagestyle{empty}\\setlength{\\parindent}{0pt}\\tracinglostchars=3\n"
+                f"\\begin{{document}}\n{body}\\end{{document}}\n")
+    with tempfile.TemporaryDirectory(prefix="formulas-") as tmp:
+        tex = Path(tmp) / "f.tex"
+        tex.write_text(document, encoding="utf-8")
+        try:
+            subprocess.run(["pdflatex", "-interaction=nonstopmode", "-no-shell-escape", tex.name],
+                           cwd=tmp, capture_output=True, timeout=config.latex_timeout_s, check=False)
+        except subprocess.TimeoutExpired:
+            return None, set()
+        log = (Path(tmp) / "f.log").read_text(encoding="latin-1") if (Path(tmp) / "f.log").exists() else ""
+        blamed, current = set(), None
+        for line in log.splitlines():
+            if line.startswith(_PAGE_MARK):
+                current = int(line[len(_PAGE_MARK):].strip() or -1)
+            elif line.startswith("!") and current is not None:
+                blamed.add(current)
+        pdf_path = Path(tmp) / "f.pdf"
+        if blamed or "Emergency stop" in log or not pdf_path.exists():
+            return None, blamed
+        pdf = pdfium.PdfDocument(pdf_path.read_bytes())
+        if len(pdf) != len(formulas):
+            return None, blamed
+        return [_page_renderer(pdf, i) for i in range(len(pdf))], set()
+
+
+def _page_renderer(pdf, index: int):
+    """dpi -> the page region holding all its objects, or None when the page is blank or its ink
+    touches the paper's edge (a formula too large for the page)."""
+    page = pdf[index]
+    width, height = page.get_size()
+    # get_bounds in pypdfium2 5, get_pos in 4
+    boxes = [(obj.get_bounds if hasattr(obj, "get_bounds") else obj.get_pos)() for obj in page.get_objects()]
+    if not boxes:
+        return lambda dpi: None
+    left = min(b[0] for b in boxes) - 2
+    bottom = min(b[1] for b in boxes) - 2
+    right = max(b[2] for b in boxes) + 2
+    top = max(b[3] for b in boxes) + 2
+    if left <= 0 or bottom <= 0 or right >= width or top >= height:
+        return lambda dpi: None
+    crop = (left, bottom, width - right, height - top)
+    return lambda dpi: page.render(scale=dpi / 72, crop=crop).to_pil().convert("RGB")
+
+
+def render_mathtext(formula: str, fontset: str, points: int, dpi: int,
+                    config: FormulaConfig = FormulaConfig()) -> Image.Image | None:
+    """The formula drawn by matplotlib's mathtext in `fontset`, cropped to its ink plus the margin;
+    None where mathtext cannot parse it. The style commands mathtext lacks (\\displaystyle,
+    \\textstyle, \\limits) are left out of the drawing: they change sizes and the placement of
+    limits, not which symbols the formula shows."""
+    from matplotlib import mathtext
+    from matplotlib.font_manager import FontProperties
+
+    drawn = re.sub(r"\\(?:displaystyle|textstyle|limits)(?![a-zA-Z])", " ", formula)
+    buffer = io.BytesIO()
+    try:
+        mathtext.math_to_image(f"${drawn}$", buffer, dpi=dpi, format="png",
+                               prop=FontProperties(size=points, math_fontfamily=fontset))
+    except (ValueError, RuntimeError, KeyError, IndexError):
+        return None
+    image = Image.open(buffer)
+    image.load()
+    white = Image.new("RGBA", image.size, (255, 255, 255, 255))
+    return _crop(Image.alpha_composite(white, image.convert("RGBA")).convert("RGB"), dpi, config)
+
+
+def _crop(image: Image.Image | None, dpi: int, config: FormulaConfig) -> Image.Image | None:
+    """The image cut to its ink (pixels visibly darker than white) with a white margin of
+    `config.margin_points` at `dpi`; None when there is no ink."""
+    if image is None:
+        return None
+    ink = ImageOps.invert(image.convert("L")).point(lambda v: 255 if v > 24 else 0).getbbox()
+    if ink is None:
+        return None
+    margin = max(2, round(config.margin_points * dpi / 72))
+    cut = image.crop(ink)
+    out = Image.new("RGB", (cut.width + 2 * margin, cut.height + 2 * margin), "white")
+    out.paste(cut, (margin, margin))
+    return out
