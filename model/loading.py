@@ -14,6 +14,8 @@ from transformers import AutoTokenizer, Glm46VImageProcessorPil
 
 from .modeling import GravityOcrForConditionalGeneration
 from .processor import CHAR_TEMPLATE, GLM_OCR_TEMPLATE, OcrProcessor
+from .strip_vision import PROCESSOR_TYPE as STRIP_PROCESSOR_TYPE
+from .strip_vision import StripImageProcessor
 
 
 # The shipped default recogniser, committed in the repository (Hugging Face format).
@@ -30,13 +32,24 @@ def _template_for(tokenizer) -> str:
     return GLM_OCR_TEMPLATE if "[gMASK]" in tokenizer.get_vocab() else CHAR_TEMPLATE
 
 
+def load_image_processor(source: str):
+    """The crop processor saved with the model: GLM-OCR's, or the strip processor of the
+    PP-OCRv6 vision tower (model/strip_vision.py)."""
+    from transformers.image_processing_base import ImageProcessingMixin
+
+    record, _ = ImageProcessingMixin.get_image_processor_dict(source)
+    if record.get("image_processor_type") == STRIP_PROCESSOR_TYPE:
+        return StripImageProcessor.from_dict(record)
+    return Glm46VImageProcessorPil.from_pretrained(source)
+
+
 def load_recognizer(path_or_name: str | Path, dtype: torch.dtype = torch.float32,
                     device: str | torch.device = "cpu") -> Recognizer:
     source = str(path_or_name)
     model = GravityOcrForConditionalGeneration.from_pretrained(source, dtype=dtype, attn_implementation="sdpa")
     model = model.to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(source)
-    image_processor = Glm46VImageProcessorPil.from_pretrained(source)
+    image_processor = load_image_processor(source)
     processor = OcrProcessor(tokenizer, image_processor, _template_for(tokenizer),
                              max_context=model.config.text_config.max_position_embeddings)
     return Recognizer(model, processor)

@@ -18,6 +18,18 @@ from transformers import initialization as hf_init
 from transformers.cache_utils import Cache
 
 
+GLM_TOWER = "glm"  # GLM-OCR's own vision tower (GLM-OCR checkpoints, tiny test configs)
+STRIP_TOWER = "ppocr-strips"  # the pretrained PP-OCRv6 line reader over 48-px strips
+
+
+def vision_tower_of(config: GlmOcrConfig) -> str:
+    """The config's `vision_tower` option; absent (GLM-OCR checkpoints) means GLM-OCR's own."""
+    tower = getattr(config, "vision_tower", GLM_TOWER)
+    if tower not in (GLM_TOWER, STRIP_TOWER):
+        raise ValueError(f"unknown vision_tower {tower!r}; expected {GLM_TOWER!r} or {STRIP_TOWER!r}")
+    return tower
+
+
 class GravityOcrForConditionalGeneration(GlmOcrForConditionalGeneration):
     """GLM-OCR with a learned embedding for the mask token used by block-diffusion drafts.
 
@@ -27,6 +39,13 @@ class GravityOcrForConditionalGeneration(GlmOcrForConditionalGeneration):
 
     def __init__(self, config: GlmOcrConfig):
         super().__init__(config)
+        if vision_tower_of(config) == STRIP_TOWER:
+            # The pretrained PP-OCRv6 line reader replaces GLM-OCR's vision tower
+            # (model/strip_vision.py); the text decoder and everything after it are unchanged.
+            from .strip_vision import StripVisionTower
+
+            del self.model.visual
+            self.strip_vision = StripVisionTower(config.text_config.hidden_size)
         if getattr(config, "mask_token_id", None) is None:
             # A hub GLM-OCR checkpoint has no mask id: use one past the vocabulary, which
             # never collides with a real token and is never looked up in the embedding table.
@@ -54,6 +73,8 @@ class GravityOcrForConditionalGeneration(GlmOcrForConditionalGeneration):
 
     def encode_images(self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> list[torch.Tensor]:
         """Vision tower: one tensor of visual-token embeddings per image."""
+        if hasattr(self, "strip_vision"):
+            return self.strip_vision(pixel_values, image_grid_thw)
         output = self.model.get_image_features(pixel_values, image_grid_thw, return_dict=True)
         return list(output.pooler_output)
 

@@ -1,0 +1,171 @@
+"""The PP-OCRv6 vision tower option: a crop becomes 48-px strips, a strip becomes visual
+tokens of 24 px each, projected into the text decoder.
+
+Why strips: the pretrained backbone and neck (model/ppocr_tower.py) read one text line
+48 px high; that is what their weights know. Every crop is first scaled so that its
+median glyph is `glyph_height` px high (measured from its connected components), which
+makes the scale independent of how loose the crop's box is; a crop whose ink then fits
+in 48 px is one strip, centred on its ink (a text line), and a taller one (a table, a
+formula with fractions, a paragraph) is cut into 48-px strips every 24 px, so every text
+line lies whole inside at least one strip.
+
+Tokens: the neck gives one 120-d step per 8 px and the backbone's last map one 384-d
+column per 4 px; per 8 px both are joined (504-d) and three steps make one 24-px token
+(1512-d), normalised and projected to the decoder's width. Strips are rows of the token
+grid, so GLM-OCR's 3-D rope gives token (row, column) its height and width positions as it
+does for its own vision tower's merged patches.
+
+The processor hands the engine `pixel_values` of shape (cells, 3·48·24), one 48×24 cell
+per visual token in row-major order, and `image_grid_thw` = (1, 2·rows, 2·columns): the
+shape contract of GLM-OCR's processor (patches concatenated over a batch, a 2×2 merge
+per token), so the engine, training and serving code stay unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import nn
+
+from .ppocr_tower import IMAGE_HEIGHT, PPOCRv6Recognizer, TowerConfig
+
+PROCESSOR_TYPE = "StripImageProcessor"
+CELL_WIDTH = 24  # px of a strip per visual token: three 8-px neck steps
+STRIP_STRIDE = 24  # a tall crop's strips start every this many px
+MERGE = 2  # the 2x2 merge GLM-OCR's grid counts in (image_grid_thw is in unmerged patches)
+FEATURES_PER_STEP = 120 + 384
+FEATURES_PER_TOKEN = FEATURES_PER_STEP * (CELL_WIDTH // 8)
+
+
+@dataclass
+class StripImageProcessor:
+    """Crop -> strips -> cells; saved as preprocessor_config.json beside the weights."""
+
+    glyph_height: float = 20.0  # median connected-component height after scaling, px
+    single_line_slack: float = 1.3  # an ink band up to this many strips high is squeezed into one
+    min_width: int = 336  # strips are padded to at least this (PP-OCR pads lines to >= 320 px)
+    max_width: int = 2400  # wider strips are squeezed horizontally
+    max_rows: int = 48  # taller crops are squeezed vertically
+    merge_size: int = MERGE  # read by OcrProcessor to count visual tokens
+
+    # --- the transformers-style surface OcrProcessor and loading use -----------------------
+
+    def __call__(self, images, return_tensors: str = "pt") -> dict[str, torch.Tensor]:
+        cells, grids = [], []
+        for image in images:
+            strips = self.strips(image)
+            rows, _, width = strips.shape[0], strips.shape[1], strips.shape[3]
+            columns = width // CELL_WIDTH
+            # (rows, 3, 48, columns*24) -> (rows*columns, 3*48*24), row-major
+            cell = strips.reshape(rows, 3, IMAGE_HEIGHT, columns, CELL_WIDTH).permute(0, 3, 1, 2, 4)
+            cells.append(cell.reshape(rows * columns, 3 * IMAGE_HEIGHT * CELL_WIDTH))
+            grids.append(torch.tensor([[1, MERGE * rows, MERGE * columns]]))
+        return {"pixel_values": torch.cat(cells), "image_grid_thw": torch.cat(grids)}
+
+    def save_pretrained(self, directory: str | Path) -> None:
+        record = {"image_processor_type": PROCESSOR_TYPE, **asdict(self)}
+        (Path(directory) / "preprocessor_config.json").write_text(json.dumps(record, indent=2) + "\n")
+
+    @classmethod
+    def from_dict(cls, record: dict) -> "StripImageProcessor":
+        return cls(**{k: v for k, v in record.items() if k != "image_processor_type"})
+
+    # --- the normalisation ----------------------------------------------------------------
+
+    def scale_for(self, gray: np.ndarray) -> float:
+        """Scale that brings the crop's median glyph to `glyph_height` px."""
+        import cv2
+
+        _, ink = cv2.threshold(gray, 0, 1, cv2.THRESH_BINARY_INV + cv2.THRESH_OTSU)
+        count, _, stats, _ = cv2.connectedComponentsWithStats(ink, connectivity=8)
+        heights = stats[1:, cv2.CC_STAT_HEIGHT]
+        areas = stats[1:, cv2.CC_STAT_AREA]
+        # Specks and rules say nothing about the text size.
+        glyphs = heights[(areas >= 6) & (heights >= 3) & (heights < gray.shape[0] * 0.95)]
+        if glyphs.size == 0:
+            return IMAGE_HEIGHT / max(gray.shape[0], 1)
+        return self.glyph_height / float(np.median(glyphs))
+
+    @staticmethod
+    def _ink_band(gray: np.ndarray) -> int:
+        rows = np.nonzero((gray < 128).any(axis=1))[0]
+        return int(rows[-1] - rows[0] + 1) if rows.size else gray.shape[0]
+
+    def strips(self, image: Image.Image) -> torch.Tensor:
+        """(rows, 3, 48, W) normalised as PP-OCR expects (BGR, (x/255-0.5)/0.5, zero padding)."""
+        import cv2
+
+        rgb = np.asarray(image.convert("RGB"))
+        gray = cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY)
+        scale = self.scale_for(gray)
+        band = self._ink_band(gray)
+        if IMAGE_HEIGHT < band * scale <= IMAGE_HEIGHT * self.single_line_slack:
+            scale = IMAGE_HEIGHT / band  # a line with tall brackets or a big heading stays one line
+        height = max(1, round(rgb.shape[0] * scale))
+        width = max(1, round(rgb.shape[1] * scale))
+        width = min(width, self.max_width)
+        height = min(height, IMAGE_HEIGHT + STRIP_STRIDE * (self.max_rows - 1))
+        bgr = cv2.resize(np.ascontiguousarray(rgb[:, :, ::-1]), (width, height), interpolation=cv2.INTER_LINEAR)
+        ink_rows = np.nonzero((cv2.cvtColor(bgr, cv2.COLOR_BGR2GRAY) < 128).any(axis=1))[0]
+        top, bottom = (int(ink_rows[0]), int(ink_rows[-1]) + 1) if ink_rows.size else (0, height)
+        if bottom - top <= IMAGE_HEIGHT:  # one line: centre its ink in one strip
+            centre = (top + bottom) // 2
+            starts = [centre - IMAGE_HEIGHT // 2]
+        else:
+            rows = math.ceil((bottom - top - IMAGE_HEIGHT) / STRIP_STRIDE) + 1
+            starts = [top + STRIP_STRIDE * row for row in range(rows)]
+        padded_width = max(self.min_width, math.ceil(width / CELL_WIDTH) * CELL_WIDTH)
+        padded_width = math.ceil(padded_width / CELL_WIDTH) * CELL_WIDTH
+        out = np.zeros((len(starts), 3, IMAGE_HEIGHT, padded_width), dtype=np.float32)
+        normalised = (bgr.astype(np.float32) / 255.0 - 0.5) / 0.5  # (H, W, 3)
+        white = (1.0 - 0.5) / 0.5
+        for row, start in enumerate(starts):
+            strip = np.full((IMAGE_HEIGHT, width, 3), white, dtype=np.float32)  # page around the crop is paper
+            lo, hi = max(start, 0), min(start + IMAGE_HEIGHT, height)
+            if hi > lo:
+                strip[lo - start:hi - start] = normalised[lo:hi]
+            out[row, :, :, :width] = strip.transpose(2, 0, 1)
+        return torch.from_numpy(out)
+
+
+class StripVisionTower(nn.Module):
+    """PP-OCRv6 backbone + neck (pretrained) and the projection of their 24-px tokens."""
+
+    def __init__(self, hidden_size: int, tower_config: TowerConfig | None = None):
+        super().__init__()
+        self.recognizer = PPOCRv6Recognizer(tower_config)
+        del self.recognizer.head  # the CTC classifier is not part of the vision tower
+        self.norm = nn.LayerNorm(FEATURES_PER_TOKEN)
+        self.projection = nn.Linear(FEATURES_PER_TOKEN, hidden_size)
+
+    def token_features(self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> list[torch.Tensor]:
+        """Per image, (rows*columns, 1512) features before the projection (what training caches)."""
+        out = []
+        start = 0
+        for _, grid_h, grid_w in image_grid_thw.tolist():
+            rows, columns = grid_h // MERGE, grid_w // MERGE
+            cells = pixel_values[start:start + rows * columns]
+            start += rows * columns
+            strips = cells.reshape(rows, columns, 3, IMAGE_HEIGHT, CELL_WIDTH).permute(0, 2, 3, 1, 4)
+            strips = strips.reshape(rows, 3, IMAGE_HEIGHT, columns * CELL_WIDTH)
+            tower = self.recognizer(strips.to(self.norm.weight.dtype))
+            steps = columns * (CELL_WIDTH // 8)
+            sequence = tower.sequence[:, :steps]  # (rows, steps, 120)
+            # the map's 4-px columns, averaged over its height and per pair: one 384-d vector per 8 px
+            column_map = tower.feature_map.mean(dim=2)[:, :, :2 * steps]
+            column_map = column_map.reshape(rows, -1, steps, 2).mean(dim=3).transpose(1, 2)  # (rows, steps, 384)
+            per_step = torch.cat([sequence, column_map], dim=2)
+            out.append(per_step.reshape(rows * columns, FEATURES_PER_TOKEN))
+        return out
+
+    def project(self, features: torch.Tensor) -> torch.Tensor:
+        return self.projection(self.norm(features))
+
+    def forward(self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> list[torch.Tensor]:
+        return [self.project(f) for f in self.token_features(pixel_values, image_grid_thw)]
