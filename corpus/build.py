@@ -160,18 +160,20 @@ def write_manifest(output: Path) -> int:
     return len(lines)
 
 
-def build(config: BuildConfig, log=print) -> Counter:
-    """Run (or resume) a training build; returns items written in this run, by type."""
+def build(config: BuildConfig, log=print, training: dict[str, list[str]] = TRAINING,
+          fetch: Callable[[str, Path], UnpackedPackage] = fetch_package) -> Counter:
+    """Run (or resume) a training build; returns items written in this run, by type.
+    `training` and `fetch` name the packages and get them (sources.TRAINING and apt by default)."""
     check_sources()
     written: Counter = Counter()
     seconds: Counter = Counter()
     for type in config.types:
-        packages = config.packages or tuple(TRAINING[type])
+        packages = config.packages or tuple(training.get(type, ()))
         for name in packages:
             check_not_reserved(name)
-            if name not in TRAINING[type]:
+            if name not in training.get(type, ()):
                 raise ValueError(f"{name!r} is not a training source of {type} items (corpus/sources.py)")
-            package = fetch_package(name, config.cache)
+            package = fetch(name, config.cache)
             for unit in plan_units(package, type):
                 shard = config.output / "shards" / unit.shard
                 if shard.exists():
@@ -205,7 +207,9 @@ EVAL_COUNTS = {"text": 320, "page": 14, "table": 45, "formula": 66}
 
 
 def build_eval_set(output: Path, cache: Path = DEFAULT_CACHE, seed: int = 0,
-                   counts: dict[str, int] = EVAL_COUNTS, augment_share: float = 0.15, log=print) -> int:
+                   counts: dict[str, int] = EVAL_COUNTS, augment_share: float = 0.15, log=print,
+                   evaluation: dict[str, list[str]] = EVALUATION,
+                   fetch: Callable[[str, Path], UnpackedPackage] = fetch_package) -> int:
     """Write an evaluation manifest directory from the evaluation-side packages."""
     from gravityocr.model.manifest import ManifestItem
     from gravityocr.model.manifest import write_manifest as write_eval_manifest
@@ -215,13 +219,15 @@ def build_eval_set(output: Path, cache: Path = DEFAULT_CACHE, seed: int = 0,
     rng = random.Random(seed)
     chosen: list[ManifestItem] = []
     for type, wanted in counts.items():
+        # Standard formulas recur across manuals: one the training side holds is not held out.
+        known = training_formula_targets(cache) if type == "formula" else set()
         streams = []
-        for name in EVALUATION[type]:
-            package = fetch_package(name, cache)
+        for name in evaluation[type]:
+            package = fetch(check_not_reserved(name), cache)
             units = plan_units(package, type)
             random.Random(f"{seed}:{type}:{name}").shuffle(units)
             streams.append(_unit_streams(units, package, seed))
-        picked = _round_robin(streams, wanted, per_unit=_EVAL_PER_UNIT[type])
+        picked = _round_robin(streams, wanted, per_unit=_EVAL_PER_UNIT[type], exclude=known)
         for item in picked:
             if rng.random() < augment_share:
                 item.image, item.augment = scan_like(item.image, rng)
@@ -258,9 +264,17 @@ _EVAL_SOURCES = {**ITEM_SOURCES, "text": _eval_lines, "page": _eval_pages}
 _EVAL_PER_UNIT = {"text": 60, "page": 3, "table": 4, "formula": 6}
 
 
-def _round_robin(streams: list[Iterator[Iterator[CorpusItem]]], wanted: int, per_unit: int) -> list[CorpusItem]:
+def training_formula_targets(cache: Path) -> set[str]:
+    from .formulas import package_formulas
+
+    return {formula.target for name in TRAINING["formula"]
+            for _, formula in package_formulas(fetch_package(name, cache))}
+
+
+def _round_robin(streams: list[Iterator[Iterator[CorpusItem]]], wanted: int, per_unit: int,
+                 exclude: set[str] = frozenset()) -> list[CorpusItem]:
     picked: list[CorpusItem] = []
-    seen: set[str] = set()
+    seen: set[str] = set(exclude)
     live = list(streams)
     while live and len(picked) < wanted:
         for stream in list(live):

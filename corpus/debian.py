@@ -31,6 +31,11 @@ RESERVED_PACKAGES = (
 )
 
 
+# Paths inside other packages that hold copies of reserved packages' documents (the
+# development snapshot of LaTeX's own sources ships amsmath's manual and test files).
+RESERVED_COPIES = ("/latex-dev/",)
+
+
 class ReservedPackage(ValueError):
     """A package set aside for independent evaluation was asked for."""
 
@@ -61,7 +66,8 @@ class UnpackedPackage:
         wanted = tuple(s.lower() for s in suffixes) + tuple(s.lower() + ".gz" for s in suffixes)
         # Symbolic links are the same file under a second name (texmf trees link into /usr/share/doc).
         found = sorted(p for p in self.root.rglob("*")
-                       if p.is_file() and not p.is_symlink() and p.name.lower().endswith(wanted))
+                       if p.is_file() and not p.is_symlink() and p.name.lower().endswith(wanted)
+                       and not any(copy in "/" + self.relative(p) for copy in RESERVED_COPIES))
         if self.only is not None:
             found = [p for p in found if self.relative(p) in self.only]
         return found

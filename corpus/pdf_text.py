@@ -146,10 +146,12 @@ def _segment(glyphs: list[Glyph]) -> Segment | None:
     sizes = [g.size for g in drawn]
     size = statistics.median(sizes)
     bottoms = [g.box[1] for g in drawn]
-    baseline = statistics.median(bottoms)
+    # Letters and digits sit on the baseline (descenders drop ~0.25 em below it); a sub- or
+    # superscript moves them further. Punctuation such as "-" or "*" floats by design.
+    on_baseline = [g.box[1] for g in drawn if g.char.isalnum()] or bottoms
+    baseline = statistics.median(on_baseline)
     one_size = max(sizes) - min(sizes) <= 0.05 * size
-    # Descenders drop a glyph's bottom ~0.25 em below the baseline; sub/superscripts move it more.
-    one_baseline = all(baseline - 0.35 * size <= b <= baseline + 0.2 * size for b in bottoms)
+    one_baseline = all(baseline - 0.35 * size <= b <= baseline + 0.2 * size for b in on_baseline)
     left_to_right = all(b.box[0] >= a.box[0] - 0.1 * size for a, b in zip(drawn, drawn[1:]))
     no_math_font = not any(_MATH_FONT.search(g.font) for g in drawn)
     box = (min(g.box[0] for g in drawn), min(bottoms), max(g.box[2] for g in drawn), max(g.box[3] for g in drawn))

@@ -17,7 +17,7 @@ TRAINING = {
              "live-manual-pdf", "siscone-doc-pdf"],
     "table": ["postgresql-doc-15", "gimp-help-en", "texlive-pictures-doc", "texlive-pstricks-doc",
               "texlive-fonts-extra-doc"],
-    "formula": ["texlive-pictures-doc", "texlive-pstricks-doc", "texlive-fonts-extra-doc"],
+    "formula": ["texlive-pictures-doc", "texlive-pstricks-doc", "texlive-fonts-extra-doc", "texlive-latex-extra-doc"],
 }
 
 # type -> packages read for the committed evaluation set data/real
@@ -27,7 +27,7 @@ EVALUATION = {
     "page": ["asymptote-doc", "why3-doc-pdf", "gri-pdf-doc", "bash-doc", "docbook-xsl-doc-pdf",
              "auto-multiple-choice-doc-pdf"],
     "table": ["sqlite3-doc", "git-doc", "maxima-doc"],
-    "formula": ["texlive-latex-extra-doc"],
+    "formula": ["texlive-lang-english", "texlive-lang-french"],
 }
 
 

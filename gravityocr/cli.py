@@ -17,6 +17,8 @@ COMMANDS = {
     "ocr": ("gravityocr.pipelines.ocr_cli", "OCR local files in-process and print or write markdown/JSON"),
     "serve": ("gravityocr.serve.cli", "serve the OCR HTTP API on Ray Serve"),
     "train": ("gravityocr.model.training", "train a recogniser with the joint objective"),
+    "train-strips": ("gravityocr.model.strip_training",
+                     "train the default reader (PP-OCRv6 strips under the text decoder) on a corpus build"),
     "grpo": ("gravityocr.model.grpo", "GRPO on the AR path with OCR rewards, from trained weights"),
     "eval": ("gravityocr.pipelines.evaluation", "score a recogniser on an evaluation set: crops, and pages through the page pipeline"),
     "data": ("gravityocr.corpus.build",
@@ -31,6 +33,7 @@ BENCHMARKS = {
     "batch": ("gravityocr.bench.batch", "batch job pages/s for 1 and 2 engine actors, AR vs spec, peak memory"),
     "serve": ("gravityocr.bench.serve", "HTTP latency p50/p99 and requests/s by concurrency, AR vs spec"),
     "train-step": ("gravityocr.bench.train_step", "seconds per training step: one padded pass vs micro-batches"),
+    "tower": ("gravityocr.bench.tower", "ms per line: torch PP-OCRv6 recognizer vs onnxruntime, batch 1 and 16, 1-2 threads"),
 }
 
 

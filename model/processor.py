@@ -94,12 +94,7 @@ class OcrProcessor:
             raise InvalidInput(f"image {rgb.width}x{rgb.height} cannot be processed: {error}") from error
         grid = features["image_grid_thw"]
         merge = self.image_processor.merge_size
-        n_visual = int(grid[0].prod()) // (merge * merge)
-        before, after = self.template.split("{image}")
-        before_ids = self.tokenizer.encode(before, add_special_tokens=False)
-        after_ids = self.tokenizer.encode(after.format(task=TASK_PROMPTS[task]), add_special_tokens=False)
-        image_id = self.tokenizer.convert_tokens_to_ids(self.image_token)
-        ids = before_ids + [image_id] * n_visual + after_ids
+        ids = self.prompt_ids(int(grid[0].prod()) // (merge * merge), task)
         if len(ids) + max_new_tokens > self.max_context:
             raise InvalidInput(
                 f"prompt of {len(ids)} tokens plus {max_new_tokens} new tokens exceeds the model's context of "
@@ -111,6 +106,13 @@ class OcrProcessor:
             image_grid_thw=grid,
             task=task,
         )
+
+    def prompt_ids(self, n_visual: int, task: str) -> list[int]:
+        """The prompt around `n_visual` image placeholders for `task`."""
+        before, after = self.template.split("{image}")
+        before_ids = self.tokenizer.encode(before, add_special_tokens=False)
+        after_ids = self.tokenizer.encode(after.format(task=TASK_PROMPTS[task]), add_special_tokens=False)
+        return before_ids + [self.tokenizer.convert_tokens_to_ids(self.image_token)] * n_visual + after_ids
 
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)

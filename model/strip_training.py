@@ -1,0 +1,343 @@
+"""`gravityocr train-strips`: the default reader — PP-OCRv6 strips under the text decoder —
+trained on real documents from a corpus build (`gravityocr data build`).
+
+The pretrained tower stays frozen, so its token features are computed once per item and
+cached to disk (`cache` step, resumable, chunk by chunk); training then runs the
+projection and the text decoder alone, tens of samples a second on a CPU. The text decoder
+and the mask embedding start from a trained recogniser (`init_from`), so only the
+projection into the decoder starts fresh: it trains alone first (`projection_steps`), then
+everything but the tower trains with the joint objective (clean stream + two complementary
+corrupted streams, model/joint_loss.py), the one the self-speculative decoder needs.
+
+Checkpoints (weights in Hugging Face format plus the optimiser) are written every
+`checkpoint_every` steps; a run started again with the same output directory resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .joint_loss import Objective, TrainingSample, build_joint_batch, joint_loss
+from .loading import Recognizer, load_recognizer, save_recognizer
+from .metrics import score
+from .modeling import STRIP_TOWER, GravityOcrForConditionalGeneration
+from .ppocr_tower import load_recognizer as load_tower
+from .processor import EncodedPrompt, OcrProcessor
+from .recipes import read_recipe
+from .strip_vision import StripImageProcessor
+
+
+@dataclass
+class StripTrainConfig:
+    corpus: str = "runs/corpus"  # a `gravityocr data build` directory
+    cache: str = "runs/strip-features"  # token features of the frozen tower, by chunk
+    output_dir: str = "runs/strips"
+    init_from: str = "model/default"  # text decoder, mask embedding, tokenizer
+    tower_weights: str = ""  # `convert_onnx` output; "" converts rapidocr's bundled file
+    types: tuple[str, ...] = ("text", "table", "formula")
+    max_target_tokens: int = 400  # longer targets are left out of training
+    validation_items: int = 120  # items held out of the cache's last chunk, read greedily
+    steps: int = 6000
+    projection_steps: int = 300
+    batch_size: int = 24
+    learning_rate: float = 3e-4
+    projection_learning_rate: float = 1e-3
+    min_learning_rate: float = 3e-5
+    warmup_steps: int = 50
+    weight_decay: float = 0.01
+    clip_norm: float = 1.0
+    block_size: int = 32
+    min_block_size: int = 8
+    seed: int = 0
+    threads: int = 1
+    checkpoint_every: int = 250
+    validate_every: int = 500
+    max_seconds: float = 0.0  # >0: stop (with a checkpoint) after this long
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "StripTrainConfig":
+        return read_recipe(cls, path)
+
+    def validate(self) -> None:
+        self.types = tuple(self.types)
+        if self.projection_steps >= self.steps:
+            raise ValueError("projection_steps must be fewer than steps")
+        if self.batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+
+
+# --- the starting model -------------------------------------------------------------------
+
+def start_model(init_from: str | Path, tower_weights: str | Path) -> Recognizer:
+    """`init_from`'s text side under a fresh strip tower with pretrained PP-OCRv6 weights."""
+    source = load_recognizer(init_from)
+    config = source.model.config
+    config.vision_tower = STRIP_TOWER
+    model = GravityOcrForConditionalGeneration(config)
+    text_side = {k: v for k, v in source.model.state_dict().items() if not k.startswith("model.visual.")}
+    missing, unexpected = model.load_state_dict(text_side, strict=False)
+    if unexpected or any(not k.startswith("strip_vision.") for k in missing):
+        raise ValueError(f"text weights do not fit: missing {missing}, unexpected {unexpected}")
+    tower = load_tower(tower_weights)
+    model.strip_vision.recognizer.load_state_dict(
+        {k: v for k, v in tower.state_dict().items() if not k.startswith("head.")}, strict=True)
+    with torch.no_grad():  # visual tokens at the scale the decoder's own tokens have
+        model.strip_vision.projection.weight.mul_(0.35)
+        model.strip_vision.projection.bias.zero_()
+    processor = OcrProcessor(source.processor.tokenizer, StripImageProcessor(), source.processor.template,
+                             max_context=config.text_config.max_position_embeddings)
+    return Recognizer(model.eval(), processor)
+
+
+def default_tower_weights(cache_dir: Path) -> Path:
+    from .ppocr_tower import convert_onnx, rapidocr_model_path
+
+    path = cache_dir / "ppocr_rec.safetensors"
+    if not path.exists():
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        convert_onnx(rapidocr_model_path(), path)
+    return path
+
+
+# --- the feature cache -------------------------------------------------------------------
+
+@dataclass
+class CachedItem:
+    id: str
+    type: str
+    features: torch.Tensor  # (tokens, 1512) float16
+    grid: torch.Tensor  # (1, 3)
+    target_ids: list[int]
+    text: str
+
+
+def build_feature_cache(config: StripTrainConfig, recognizer: Recognizer, chunk_size: int = 500, log=print) -> None:
+    """Token features of every corpus item of the configured types, chunk by chunk; chunks
+    already on disk are skipped, so a stopped cache build resumes."""
+    import pyarrow.parquet as pq
+    from PIL import Image
+    import io
+
+    cache = Path(config.cache)
+    cache.mkdir(parents=True, exist_ok=True)
+    shards = sorted(Path(config.corpus).glob("shards/**/*.parquet"))
+    shards = [s for s in shards if s.parts[-3] in config.types]
+    random.Random(config.seed).shuffle(shards)  # every chunk mixes packages and types
+    tower = recognizer.model.strip_vision
+    processor = recognizer.processor
+    eos = processor.eos_token_ids[0]
+    rows = itertools.chain.from_iterable(pq.read_table(s).to_pylist() for s in shards)
+    for index in itertools.count():
+        path = cache / f"chunk-{index:05d}.pt"
+        batch = list(itertools.islice(rows, chunk_size))
+        if not batch:
+            return
+        if path.exists():
+            continue
+        started = time.perf_counter()
+        items = []
+        with torch.inference_mode():
+            for row in batch:
+                target = processor.tokenizer.encode(row["text"], add_special_tokens=False) + [eos]
+                if len(target) > config.max_target_tokens:
+                    continue
+                pixels = processor.image_processor(images=[Image.open(io.BytesIO(row["image"])).convert("RGB")])
+                features = tower.token_features(pixels["pixel_values"], pixels["image_grid_thw"])[0]
+                items.append(CachedItem(row["id"], row["type"], features.half(), pixels["image_grid_thw"],
+                                        target, row["text"]))
+        partial = path.with_suffix(".partial")
+        torch.save([asdict(item) for item in items], partial)
+        partial.rename(path)
+        log(f"{path.name}: {len(items)} items, {len(items) / (time.perf_counter() - started):.1f}/s")
+
+
+def read_cache(cache: Path) -> list[CachedItem]:
+    items = []
+    for path in sorted(Path(cache).glob("chunk-*.pt")):
+        items += [CachedItem(**record) for record in torch.load(path, weights_only=False)]
+    return items
+
+
+class CachedTowerView(nn.Module):
+    """The recogniser as the joint loss sees it, with the frozen tower's output given
+    instead of pixels: `encode_images` only projects cached token features."""
+
+    def __init__(self, model: GravityOcrForConditionalGeneration):
+        super().__init__()
+        self.model = model
+        self.config = model.config
+        self.mask_token_id = model.mask_token_id
+
+    @property
+    def device(self):
+        return self.model.device
+
+    def encode_images(self, features: torch.Tensor, image_grid_thw: torch.Tensor) -> list[torch.Tensor]:
+        counts = (image_grid_thw.prod(dim=1) // 4).tolist()
+        return [self.model.strip_vision.project(f) for f in features.float().split(counts)]
+
+    def embed(self, *args, **kwargs):
+        return self.model.embed(*args, **kwargs)
+
+    def logits_from_embeds(self, *args, **kwargs):
+        return self.model.logits_from_embeds(*args, **kwargs)
+
+    def rope_positions(self, *args, **kwargs):
+        return self.model.rope_positions(*args, **kwargs)
+
+
+def to_sample(item: CachedItem, processor: OcrProcessor) -> TrainingSample:
+    ids = processor.prompt_ids(item.features.shape[0], item.type)
+    prompt = EncodedPrompt(torch.tensor([ids]), item.features, item.grid, item.type)
+    return TrainingSample(prompt, item.target_ids)
+
+
+# --- training -------------------------------------------------------------------------------
+
+def _rate(config: StripTrainConfig, step: int) -> float:
+    if step < config.warmup_steps:
+        return (step + 1) / config.warmup_steps
+    progress = min(1.0, (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps))
+    floor = config.min_learning_rate / config.learning_rate
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+@torch.no_grad()
+def validate(recognizer: Recognizer, items: list[CachedItem]) -> dict[str, float]:
+    """Greedy reading of held-out cached items: mean score by type."""
+    from .decoding import greedy_decode
+
+    view = CachedTowerView(recognizer.model)
+    model = recognizer.model.eval()
+    eos = set(recognizer.processor.eos_token_ids)
+    scores: dict[str, list[float]] = {}
+    for item in items:
+        sample = to_sample(item, recognizer.processor)
+        prompt = sample.prompt
+        embeds = view.encode_images(prompt.pixel_values, prompt.image_grid_thw)[0]
+        # greedy_decode encodes images itself; give it the projected tokens through a tiny shim
+        result = greedy_decode(_Projected(model, embeds), prompt, len(item.target_ids) + 20, eos)
+        text = recognizer.processor.decode(result.token_ids)
+        scores.setdefault(item.type, []).append(score(item.type, text, item.text))
+    model.train()
+    return {t: sum(v) / len(v) for t, v in scores.items()}
+
+
+class _Projected(nn.Module):
+    """The model with one image's visual tokens already computed."""
+
+    def __init__(self, model: GravityOcrForConditionalGeneration, image_embeds: torch.Tensor):
+        super().__init__()
+        self.inner = model
+        self.image_embeds = image_embeds
+        self.config = model.config
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.inner, name)
+
+    def encode_images(self, pixel_values, image_grid_thw):
+        return [self.image_embeds]
+
+
+def train(config: StripTrainConfig, log=print) -> Path:
+    config.validate()
+    torch.set_num_threads(config.threads)
+    torch.manual_seed(config.seed)
+    output = Path(config.output_dir)
+    checkpoint = output / "checkpoint"
+    if (checkpoint / "trainer_state.pt").exists():
+        recognizer = load_recognizer(checkpoint)
+        state = torch.load(checkpoint / "trainer_state.pt", weights_only=False)
+    else:
+        tower = Path(config.tower_weights) if config.tower_weights else default_tower_weights(output)
+        recognizer = start_model(config.init_from, tower)
+        state = None
+    model = recognizer.model.train()
+    model.strip_vision.recognizer.requires_grad_(False)
+    projection = list(model.strip_vision.norm.parameters()) + list(model.strip_vision.projection.parameters())
+    projected = {id(p) for p in projection}
+    rest = [p for n, p in model.named_parameters() if p.requires_grad and id(p) not in projected]
+    optimizer = torch.optim.AdamW([{"params": projection, "lr_base": config.projection_learning_rate},
+                                   {"params": rest, "lr_base": config.learning_rate}],
+                                  lr=config.learning_rate, weight_decay=config.weight_decay)
+    step = 0
+    if state is not None:
+        optimizer.load_state_dict(state["optimizer"])
+        step = state["step"]
+    items = read_cache(Path(config.cache))
+    items = [i for i in items if i.type in config.types]
+    if len(items) <= config.validation_items:
+        raise ValueError(f"{len(items)} cached items: build the feature cache first (gravityocr train-strips --cache-only)")
+    held_out, items = items[-config.validation_items:], items[:-config.validation_items]
+    log(f"{len(items)} training items, {len(held_out)} held out; starting at step {step}")
+    view = CachedTowerView(model)
+    rng = random.Random(config.seed * 1000 + step)
+    generator = torch.Generator().manual_seed(config.seed * 1000 + step)
+    log_path = output / "train_log.jsonl"
+    output.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    while step < config.steps:
+        projection_only = step < config.projection_steps
+        for group in optimizer.param_groups:
+            is_projection = group["lr_base"] == config.projection_learning_rate
+            group["lr"] = group["lr_base"] * _rate(config, step) * (1.0 if is_projection or not projection_only else 0.0)
+        samples = [to_sample(item, recognizer.processor) for item in rng.sample(items, config.batch_size)]
+        objective = Objective.AR_ONLY if projection_only else Objective.JOINT
+        batch = build_joint_batch(view, samples, objective, config.block_size, generator=generator,
+                                  min_block_size=config.min_block_size, pad_final_block=True)
+        parts = joint_loss(view, batch, objective)
+        optimizer.zero_grad(set_to_none=True)
+        parts.total.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm)
+        optimizer.step()
+        step += 1
+        record = {"step": step, "ar": round(float(parts.ar), 4), "denoise": round(float(parts.denoise), 4),
+                  "seconds": round(time.perf_counter() - started, 1)}
+        out_of_time = config.max_seconds and time.perf_counter() - started > config.max_seconds
+        if step % config.validate_every == 0 or step == config.steps or out_of_time:
+            record["validation"] = validate(recognizer, held_out)
+        with log_path.open("a") as stream:
+            stream.write(json.dumps(record) + "\n")
+        if step % 50 == 0 or "validation" in record:
+            log(json.dumps(record))
+        if step % config.checkpoint_every == 0 or step == config.steps or out_of_time:
+            save_recognizer(Recognizer(model, recognizer.processor), checkpoint)
+            torch.save({"optimizer": optimizer.state_dict(), "step": step}, checkpoint / "trainer_state.pt")
+        if out_of_time:
+            break
+    return checkpoint
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, help="recipe YAML (recipes/strips.yaml)")
+    parser.add_argument("--cache-only", action="store_true", help="build the feature cache and stop")
+    parser.add_argument("--max-seconds", type=float, default=None, help="this invocation's time budget")
+    parser.add_argument("--output-dir", default=None)
+
+
+def run(args) -> int:
+    config = StripTrainConfig.from_file(args.config)
+    if args.max_seconds is not None:
+        config.max_seconds = args.max_seconds
+    if args.output_dir:
+        config.output_dir = args.output_dir
+    torch.set_num_threads(config.threads)
+    if args.cache_only:
+        tower = Path(config.tower_weights) if config.tower_weights else default_tower_weights(Path(config.output_dir))
+        build_feature_cache(config, start_model(config.init_from, tower))
+        return 0
+    train(config)
+    return 0

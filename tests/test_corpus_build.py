@@ -1,0 +1,170 @@
+"""The corpus builder: reserved packages refused, exact labels from one small PDF, one HTML
+file and one LaTeX source, one seed one build, and an interrupted build resumed without
+duplicates. Real PDFs (matplotlib's PDF backend with embedded fonts), real Chromium,
+real pdflatex."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from gravityocr.cli import main
+from gravityocr.corpus.build import BuildConfig, build, build_eval_set
+from gravityocr.corpus.debian import (RESERVED_PACKAGES, ReservedPackage, UnpackedPackage, check_not_reserved,
+                                      fetch_package, is_reserved)
+from gravityocr.corpus.pdf_text import line_items, page_items
+from gravityocr.corpus.sources import EVALUATION, TRAINING, check_sources
+from gravityocr.model.metrics import canonicalize_latex
+
+LINES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Pack my box with five dozen liquor jugs: 42 of them!",
+    "Sphinx of black quartz, judge my vow (2026-12-05).",
+    "How vexingly quick daft zebras jump; [x] = {y}.",
+    "Bright vixens jump, dozy fowl quack.",
+    "Waltz, bad nymph, for quick jigs vex.",
+    "Glib jocks quiz nymph to vex dwarf.",
+    "Jackdaws love my big sphinx of quartz.",
+]
+TABLE_HTML = """<html><body><p>Options:</p>
+<table border="1"><thead><tr><th>Name</th><th>Default</th></tr></thead>
+<tbody><tr><td><code>width</code></td><td>80&nbsp;px</td></tr>
+<tr><td colspan="2">Both are optional.</td></tr></tbody></table></body></html>"""
+TABLE_TARGET = ('<table><tr><td>Name</td><td>Default</td></tr><tr><td>width</td><td>80 px</td></tr>'
+                '<tr><td colspan="2">Both are optional.</td></tr></table>')
+FORMULA = r"E = m c^2 + \frac{a}{b}"
+TEX_SOURCE = "\\documentclass{article}\n\\begin{document}\nText.\n\\[ " + FORMULA + " \\]\n\\end{document}\n"
+
+
+def _write_pdf(path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with matplotlib.rc_context({"pdf.fonttype": 42}):
+        figure = plt.figure(figsize=(8.5, 11))
+        for number, line in enumerate(LINES):
+            figure.text(0.1, 0.9 - 0.05 * number, line, fontsize=12, family="DejaVu Serif")
+        figure.savefig(path, format="pdf")
+        plt.close(figure)
+
+
+@pytest.fixture(scope="module")
+def fixture_package(tmp_path_factory) -> UnpackedPackage:
+    root = tmp_path_factory.mktemp("fixture-doc")
+    docs = root / "usr/share/doc/fixture-doc"
+    docs.mkdir(parents=True)
+    _write_pdf(docs / "guide.pdf")
+    (docs / "options.html").write_text(TABLE_HTML)
+    (docs / "math.tex").write_text(TEX_SOURCE)
+    (docs / "copyright").write_text("Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/\n"
+                                    "Files: *\nLicense: MIT\n")
+    return UnpackedPackage("fixture-doc", root, "MIT")
+
+
+@pytest.mark.parametrize("name", ["r-doc-pdf", "octave-doc", "gnuplot-doc", "python3-doc", "python3.11-doc",
+                                  "python3.13-doc", "texlive-publishers-doc", "texlive-science-doc",
+                                  "texlive-metapost-doc", "texlive-latex-base-doc", "texlive-latex-recommended-doc",
+                                  "texlive-humanities-doc", "texlive-fonts-recommended-doc"])
+def test_every_reserved_package_is_refused_before_anything_is_fetched(name, tmp_path):
+    assert is_reserved(name)
+    with pytest.raises(ReservedPackage, match="reserved for independent evaluation"):
+        fetch_package(name, tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_command_refuses_a_reserved_package(tmp_path, capsys):
+    assert main(["data", "build", str(tmp_path / "out"), "--cache", str(tmp_path / "cache"),
+                 "--types", "text", "--packages", "octave-doc"]) == 2
+    assert "reserved for independent evaluation" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists() and not (tmp_path / "cache").exists()
+
+
+def test_sources_are_disjoint_and_never_reserved():
+    check_sources()
+    assert len(RESERVED_PACKAGES) == 11
+    for side in (TRAINING, EVALUATION):
+        for packages in side.values():
+            for name in packages:
+                assert check_not_reserved(name) == name
+    training = {p for ps in TRAINING.values() for p in ps}
+    evaluation = {p for ps in EVALUATION.values() for p in ps}
+    assert not training & evaluation
+
+
+def test_lines_and_page_of_a_small_pdf_have_their_exact_text(fixture_package):
+    lines = list(line_items(fixture_package, seed=3))
+    assert sorted(item.text for item in lines) == sorted(LINES)
+    for item in lines:
+        assert item.type == "text" and item.source.page == 1 and item.source.licence == "MIT"
+        assert item.source.file == "usr/share/doc/fixture-doc/guide.pdf"
+        assert 8 <= item.image.height < item.image.width
+    (page,) = page_items(fixture_package, seed=3)
+    assert page.text == "\n".join(LINES)
+
+
+def _fixture_build(tmp_path: Path, fixture_package: UnpackedPackage, output: str, seed: int = 7):
+    training = {"text": ["fixture-doc"], "page": ["fixture-doc"], "table": ["fixture-doc"],
+                "formula": ["fixture-doc"]}
+    config = BuildConfig(tmp_path / output, tmp_path / "cache", seed=seed, augment_share=0.5)
+    return build(config, log=lambda line: None, training=training, fetch=lambda name, cache: fixture_package)
+
+
+def _rows(output: Path) -> list[dict]:
+    return [row for shard in sorted(output.glob("shards/**/*.parquet")) for row in pq.read_table(shard).to_pylist()]
+
+
+def test_a_tiny_build_gives_the_expected_items_and_one_seed_gives_one_build(tmp_path, fixture_package):
+    written = _fixture_build(tmp_path, fixture_package, "first")
+    assert written["text"] == len(LINES) and written["page"] == 1
+    rows = _rows(tmp_path / "first")
+    by_type = {}
+    for row in rows:
+        by_type.setdefault(row["type"], []).append(row)
+    assert sorted(r["text"] for r in by_type["text"]) == sorted(LINES)
+    assert {r["text"] for r in by_type["table"]} == {TABLE_TARGET}
+    assert {r["text"] for r in by_type["formula"]} == {canonicalize_latex(FORMULA)}
+    assert any(r["augment"] for r in rows) and any(not r["augment"] for r in rows)
+    manifest = [json.loads(line) for line in (tmp_path / "first/manifest.jsonl").read_text().splitlines()]
+    assert [m["id"] for m in manifest] == [r["id"] for r in rows]
+    assert all(m["package"] == "fixture-doc" and m["licence"] == "MIT" and m["file"] for m in manifest)
+
+    _fixture_build(tmp_path, fixture_package, "second")
+    assert _rows(tmp_path / "second") == rows  # ids, labels, sources and image bytes
+    _fixture_build(tmp_path, fixture_package, "other-seed", seed=8)
+    assert [r["image"] for r in _rows(tmp_path / "other-seed")] != [r["image"] for r in rows]
+
+
+def test_an_interrupted_build_resumes_without_duplicates(tmp_path, fixture_package):
+    _fixture_build(tmp_path, fixture_package, "whole")
+    whole = (tmp_path / "whole/manifest.jsonl").read_text()
+    shutil.copytree(tmp_path / "whole", tmp_path / "cut")
+    # What a kill leaves: some shards written, one half-written under its temporary name,
+    # the rest missing, and a manifest of the earlier run.
+    shards = sorted((tmp_path / "cut").glob("shards/**/*.parquet"))
+    victim = shards[len(shards) // 2]
+    victim.unlink()
+    victim.with_suffix(".partial").write_bytes(b"half a shard")
+    (tmp_path / "cut/manifest.jsonl").write_text("")
+    written = _fixture_build(tmp_path, fixture_package, "cut")
+    assert sum(written.values()) > 0  # only the missing unit was built again
+    assert (tmp_path / "cut/manifest.jsonl").read_text() == whole
+    ids = [json.loads(line)["id"] for line in whole.splitlines()]
+    assert len(ids) == len(set(ids))
+
+
+def test_the_evaluation_set_names_its_sources(tmp_path, fixture_package):
+    """The evaluation writer on the fixture package: manifest format unchanged plus `source`."""
+    from gravityocr.model.manifest import read_manifest
+
+    build_eval_set(tmp_path / "real", tmp_path / "cache", counts={"text": 5}, log=lambda line: None,
+                   evaluation={"text": ["fixture-doc"]}, fetch=lambda name, cache: fixture_package)
+    items = read_manifest(tmp_path / "real")
+    assert len(items) == 3 and all(item.text in LINES for item in items)  # at most 3 lines a page
+    assert all(item.source.startswith("fixture-doc:usr/share/doc/fixture-doc/guide.pdf#p1") for item in items)
+    assert all(item.image_path.is_file() for item in items)
