@@ -87,9 +87,9 @@ class Unit:
     index: int
     files: tuple[str, ...]
 
-    @property
-    def shard(self) -> str:
-        return f"{self.type}/{self.package}/{self.index:05d}.parquet"
+    def shard(self, build_seed: int) -> str:
+        """Where the unit's items go; one build directory may hold several seeds' renderings."""
+        return f"{self.type}/{self.package}/seed{build_seed}-{self.index:05d}.parquet"
 
     def seed(self, build_seed: int) -> int:
         key = f"{build_seed}:{self.type}:{self.package}:{self.index}"
@@ -175,7 +175,7 @@ def build(config: BuildConfig, log=print, training: dict[str, list[str]] = TRAIN
                 raise ValueError(f"{name!r} is not a training source of {type} items (corpus/sources.py)")
             package = fetch(name, config.cache)
             for unit in plan_units(package, type):
-                shard = config.output / "shards" / unit.shard
+                shard = config.output / "shards" / unit.shard(config.seed)
                 if shard.exists():
                     continue
                 started = time.perf_counter()
@@ -183,7 +183,7 @@ def build(config: BuildConfig, log=print, training: dict[str, list[str]] = TRAIN
                 _write_shard(shard, items)
                 seconds[type] += time.perf_counter() - started
                 written[type] += len(items)
-                log(f"{unit.shard}: {len(items)} items")
+                log(f"{unit.shard(config.seed)}: {len(items)} items")
     total = write_manifest(config.output)
     for type in config.types:
         rate = 60 * written[type] / seconds[type] if seconds[type] else 0.0
@@ -261,7 +261,7 @@ def _eval_pages(package: UnpackedPackage, seed: int, limit: int | None) -> Itera
 # Evaluation items spread over many pages: a few lines a page, every page of a file a candidate.
 _EVAL_SOURCES = {**ITEM_SOURCES, "text": _eval_lines, "page": _eval_pages}
 # At most this many items from one unit of an evaluation package, so no file dominates.
-_EVAL_PER_UNIT = {"text": 60, "page": 3, "table": 4, "formula": 6}
+_EVAL_PER_UNIT = {"text": 60, "page": 3, "table": 8, "formula": 6}
 
 
 def training_formula_targets(cache: Path) -> set[str]:

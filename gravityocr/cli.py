@@ -29,6 +29,7 @@ COMMANDS = {
 BENCHMARKS = {
     "ablation": ("gravityocr.bench.ablation", "joint vs AR-only vs no-AR training at a matched budget, held-out scores"),
     "decode": ("gravityocr.bench.decode", "AR vs self-speculative decode speed by batch size and content type"),
+    "real": ("gravityocr.bench.real", "ours vs rapidocr vs tesseract on data/real: line and page scores, speed"),
     "pages": ("gravityocr.bench.pages", "seconds per page and page score: ours (AR, spec) and peers"),
     "batch": ("gravityocr.bench.batch", "batch job pages/s for 1 and 2 engine actors, AR vs spec, peak memory"),
     "serve": ("gravityocr.bench.serve", "HTTP latency p50/p99 and requests/s by concurrency, AR vs spec"),

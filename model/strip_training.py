@@ -31,7 +31,7 @@ from .joint_loss import Objective, TrainingSample, build_joint_batch, joint_loss
 from .loading import Recognizer, load_recognizer, save_recognizer
 from .metrics import score
 from .modeling import STRIP_TOWER, GravityOcrForConditionalGeneration
-from .ppocr_tower import load_recognizer as load_tower
+from .ppocr_tower import load_ppocr_recognizer as load_tower
 from .processor import EncodedPrompt, OcrProcessor
 from .recipes import read_recipe
 from .strip_vision import StripImageProcessor
@@ -304,11 +304,14 @@ def train(config: StripTrainConfig, log=print) -> Path:
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm)
         optimizer.step()
         step += 1
-        record = {"step": step, "ar": round(float(parts.ar), 4), "denoise": round(float(parts.denoise), 4),
+        record = {"step": step, "ar": round(parts.ar.item(), 4), "denoise": round(parts.denoise.item(), 4),
                   "seconds": round(time.perf_counter() - started, 1)}
         out_of_time = config.max_seconds and time.perf_counter() - started > config.max_seconds
         if step % config.validate_every == 0 or step == config.steps or out_of_time:
             record["validation"] = validate(recognizer, held_out)
+            # the cache may still be growing beside a long run: take in its new chunks
+            held_out_ids = {item.id for item in held_out}
+            items = [i for i in read_cache(Path(config.cache)) if i.type in config.types and i.id not in held_out_ids]
         with log_path.open("a") as stream:
             stream.write(json.dumps(record) + "\n")
         if step % 50 == 0 or "validation" in record:

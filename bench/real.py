@@ -1,0 +1,197 @@
+"""Ours against rapidocr and Tesseract on a real-document evaluation set (`data/real`), in one run.
+
+Lines: each system reads every text-line crop of the set; score = 1 - normalised edit
+distance (whitespace folded), the evaluator's text score; speed = seconds per line one at a
+time (batch 1) and lines per second in batches of 32. Pages: each system reads every page
+image whole (ours: the page pipeline `gravityocr ocr` runs); score = the evaluator's page
+score. rapidocr and Tesseract read text only, so tables and formulas are not compared here
+(`gravityocr eval data/real` scores ours on them).
+
+    gravityocr bench real [--data data/real] [--model DIR] [--json FILE] [--skip-peers]
+
+Prints figures, never passes or fails on them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from gravityocr.model.manifest import ManifestItem, read_manifest
+from gravityocr.model.metrics import score
+
+DEFAULT_DATA = Path(__file__).resolve().parents[1] / "data" / "real"
+
+
+@dataclass
+class Figures:
+    system: str
+    kind: str  # lines | pages
+    scores: list[float] = field(default_factory=list)
+    seconds_per_item: float = 0.0  # one item at a time
+    items_per_second_batched: float | None = None  # batches of 32 (lines)
+    extra: dict = field(default_factory=dict)
+
+    def row(self) -> dict:
+        row = {"system": self.system, "kind": self.kind, "n": len(self.scores),
+               "score": round(statistics.fmean(self.scores), 4) if self.scores else None,
+               "seconds_per_item": round(self.seconds_per_item, 4)}
+        if self.items_per_second_batched is not None:
+            row["items_per_second_batch32"] = round(self.items_per_second_batched, 2)
+        return {**row, **self.extra}
+
+
+def _timed(function):
+    started = time.perf_counter()
+    result = function()
+    return result, time.perf_counter() - started
+
+
+# --- ours -------------------------------------------------------------------------------
+
+def ours_lines(recognizer, items: list[ManifestItem]) -> Figures:
+    from gravityocr.model.evaluation import evaluate
+
+    figures = Figures("gravityocr", "lines")
+    _, seconds = _timed(lambda: [evaluate(recognizer, [item], batch_size=1) for item in items[:64]])
+    figures.seconds_per_item = seconds / min(64, len(items))
+    report, seconds = _timed(lambda: evaluate(recognizer, items, batch_size=32, check_exact=True))
+    figures.items_per_second_batched = len(items) / seconds
+    figures.scores = [outcome.score for outcome in report.items]
+    figures.extra = {"tpf": round(report.tpf, 3), "exact": report.exact}
+    return figures
+
+
+def ours_pages(recognizer, items: list[ManifestItem]) -> Figures:
+    from gravityocr.pipelines.evaluation import evaluate_set
+
+    figures = Figures("gravityocr", "pages")
+    report, seconds = _timed(lambda: evaluate_set(recognizer, items, check_exact=False))
+    figures.seconds_per_item = seconds / len(items)
+    figures.scores = [outcome.score for outcome in report.items]
+    figures.extra = {"tpf": round(report.tpf, 3)}
+    return figures
+
+
+# --- rapidocr ---------------------------------------------------------------------------------
+
+def _bgr(item: ManifestItem) -> np.ndarray:
+    return np.ascontiguousarray(np.asarray(item.load_image())[:, :, ::-1])
+
+
+def rapidocr_lines(items: list[ManifestItem]) -> Figures:
+    from rapidocr import RapidOCR
+    from rapidocr.ch_ppocr_rec.typings import TextRecInput
+
+    engine = RapidOCR(params={"Global.log_level": "warning", "Rec.rec_batch_num": 32})
+    images = [_bgr(item) for item in items]
+    engine(images[0], use_det=False, use_cls=False, use_rec=True)  # loads the model
+    figures = Figures("rapidocr (PP-OCRv6 rec)", "lines")
+    _, seconds = _timed(lambda: [engine(image, use_det=False, use_cls=False, use_rec=True) for image in images[:64]])
+    figures.seconds_per_item = seconds / min(64, len(images))
+    texts: list[str] = []
+
+    def batched():
+        for start in range(0, len(images), 32):
+            texts.extend(engine.text_rec(TextRecInput(img=images[start:start + 32])).txts)
+
+    _, seconds = _timed(batched)
+    figures.items_per_second_batched = len(images) / seconds
+    figures.scores = [score("text", text, item.text) for text, item in zip(texts, items)]
+    return figures
+
+
+def rapidocr_pages(items: list[ManifestItem]) -> Figures:
+    from rapidocr import RapidOCR
+
+    engine = RapidOCR(params={"Global.log_level": "warning"})
+    images = [_bgr(item) for item in items]
+    engine(images[0])
+    texts, seconds = _timed(lambda: ["\n".join(engine(image).txts or ()) for image in images])
+    figures = Figures("rapidocr (PP-OCRv6 det+rec)", "pages", seconds_per_item=seconds / len(items))
+    figures.scores = [score("page", text, item.text) for text, item in zip(texts, items)]
+    return figures
+
+
+# --- Tesseract ---------------------------------------------------------------------------------
+
+def _tesseract(paths: list[Path], psm: int) -> list[str]:
+    """One process over a list file: Tesseract separates the images' texts with form feeds."""
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as listing:
+        listing.write("".join(f"{path}\n" for path in paths))
+    done = subprocess.run(["tesseract", listing.name, "stdout", "-l", "eng", "--psm", str(psm)],
+                          capture_output=True, text=True, check=True)
+    Path(listing.name).unlink()
+    texts = done.stdout.split("\f")
+    return [text.strip() for text in texts[:len(paths)]]
+
+
+def tesseract(items: list[ManifestItem], kind: str) -> Figures:
+    version = subprocess.run(["tesseract", "--version"], capture_output=True, text=True).stdout.split("\n")[0]
+    figures = Figures(version.strip() or "tesseract", kind)
+    paths = [item.image_path for item in items]
+    psm = 7 if kind == "lines" else 3
+    if kind == "lines":
+        _, seconds = _timed(lambda: [_tesseract([path], psm) for path in paths[:64]])
+        figures.seconds_per_item = seconds / min(64, len(paths))
+        texts, seconds = _timed(lambda: _tesseract(paths, psm))
+        figures.items_per_second_batched = len(paths) / seconds
+    else:
+        texts, seconds = _timed(lambda: _tesseract(paths, psm))
+        figures.seconds_per_item = seconds / len(paths)
+    figures.scores = [score("text" if kind == "lines" else "page", text, item.text) for text, item in zip(texts, items)]
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gravityocr bench real", description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="evaluation set (default: data/real)")
+    parser.add_argument("--model", default=None, help="recogniser directory (default: the embedded model)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads")
+    parser.add_argument("--skip-peers", action="store_true")
+    parser.add_argument("--skip-pages", action="store_true")
+    parser.add_argument("--json", default=None, help="also write the figures here")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    import torch
+
+    from gravityocr.model.loading import DEFAULT_MODEL_DIR, load_recognizer
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    items = read_manifest(args.data)
+    lines = [item for item in items if item.type == "text"]
+    pages = [] if args.skip_pages else [item for item in items if item.type == "page"]
+    recognizer = load_recognizer(args.model or DEFAULT_MODEL_DIR)
+    print(f"{args.data}: {len(lines)} lines, {len(pages)} pages; torch threads {torch.get_num_threads()}")
+    results = [ours_lines(recognizer, lines)] + ([ours_pages(recognizer, pages)] if pages else [])
+    if not args.skip_peers:
+        results.append(rapidocr_lines(lines))
+        if pages:
+            results.append(rapidocr_pages(pages))
+        if shutil.which("tesseract"):
+            results.append(tesseract(lines, "lines"))
+            if pages:
+                results.append(tesseract(pages, "pages"))
+        else:
+            print("tesseract: not installed (apt-get install -y tesseract-ocr)")
+    rows = [figures.row() for figures in results]
+    for row in rows:
+        print(json.dumps(row))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
