@@ -193,7 +193,7 @@ def run_rapidocr(pages: list[BenchPage]) -> SystemFigures:
         import numpy as np
         from rapidocr import RapidOCR
     except ImportError:
-        figures.skipped = "rapidocr is not installed (pip install 'gravityocr[layout]')"
+        figures.skipped = "rapidocr is not installed (pip install -e .)"
         return figures
     engine = RapidOCR(params={"Global.log_level": "warning"})
     engine(np.asarray(pages[0].image)[:, :, ::-1])  # warm-up: sessions and first-run allocations

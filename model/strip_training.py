@@ -16,7 +16,7 @@ Checkpoints (weights in Hugging Face format plus the optimiser) are written ever
 from __future__ import annotations
 
 import argparse
-import itertools
+import hashlib
 import json
 import math
 import random
@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .joint_loss import Objective, TrainingSample, build_joint_batch, joint_loss
+from .joint_loss import LossParts, Objective, TargetCounts, TrainingSample, build_joint_batch, joint_loss
 from .loading import Recognizer, load_recognizer, save_recognizer
 from .metrics import score
 from .modeling import STRIP_TOWER, GravityOcrForConditionalGeneration
@@ -46,6 +46,8 @@ class StripTrainConfig:
     tower_weights: str = ""  # `convert_onnx` output; "" converts rapidocr's bundled file
     types: tuple[str, ...] = ("text", "table", "formula")
     max_target_tokens: int = 400  # longer targets are left out of training
+    max_visual_tokens: int = 1200  # so are larger images (a whole page of table)
+    micro_batch_tokens: int = 6000  # a step runs as length-sorted micro-batches of at most this many
     validation_items: int = 120  # items held out of the cache's last chunk, read greedily
     steps: int = 6000
     projection_steps: int = 300
@@ -121,50 +123,62 @@ class CachedItem:
     text: str
 
 
-def build_feature_cache(config: StripTrainConfig, recognizer: Recognizer, chunk_size: int = 500, log=print) -> None:
-    """Token features of every corpus item of the configured types, chunk by chunk; chunks
-    already on disk are skipped, so a stopped cache build resumes."""
+def build_feature_cache(config: StripTrainConfig, recognizer: Recognizer, log=print) -> None:
+    """Token features of every corpus item of the configured types, one cache file per corpus
+    shard; shards already cached are skipped and shards that appeared meanwhile are picked up,
+    so a stopped cache build resumes and a growing corpus is followed until it stops growing."""
+    import io
+
     import pyarrow.parquet as pq
     from PIL import Image
-    import io
 
     cache = Path(config.cache)
     cache.mkdir(parents=True, exist_ok=True)
-    shards = sorted(Path(config.corpus).glob("shards/**/*.parquet"))
-    shards = [s for s in shards if s.parts[-3] in config.types]
-    random.Random(config.seed).shuffle(shards)  # every chunk mixes packages and types
+    corpus = Path(config.corpus)
     tower = recognizer.model.strip_vision
     processor = recognizer.processor
     eos = processor.eos_token_ids[0]
-    rows = itertools.chain.from_iterable(pq.read_table(s).to_pylist() for s in shards)
-    for index in itertools.count():
-        path = cache / f"chunk-{index:05d}.pt"
-        batch = list(itertools.islice(rows, chunk_size))
-        if not batch:
+    while True:
+        shards = sorted(s for s in corpus.glob("shards/**/*.parquet") if s.parts[-3] in config.types)
+        todo = [s for s in shards if not (cache / _cache_name(corpus, s)).exists()]
+        if not todo:
             return
-        if path.exists():
-            continue
-        started = time.perf_counter()
-        items = []
-        with torch.inference_mode():
-            for row in batch:
-                target = processor.tokenizer.encode(row["text"], add_special_tokens=False) + [eos]
-                if len(target) > config.max_target_tokens:
-                    continue
-                pixels = processor.image_processor(images=[Image.open(io.BytesIO(row["image"])).convert("RGB")])
-                features = tower.token_features(pixels["pixel_values"], pixels["image_grid_thw"])[0]
-                items.append(CachedItem(row["id"], row["type"], features.half(), pixels["image_grid_thw"],
-                                        target, row["text"]))
-        partial = path.with_suffix(".partial")
-        torch.save([asdict(item) for item in items], partial)
-        partial.rename(path)
-        log(f"{path.name}: {len(items)} items, {len(items) / (time.perf_counter() - started):.1f}/s")
+        random.Random(config.seed).shuffle(todo)  # the cache grows evenly over packages and types
+        for shard in todo:
+            started = time.perf_counter()
+            items = []
+            with torch.inference_mode():
+                for row in pq.read_table(shard).to_pylist():
+                    target = processor.tokenizer.encode(row["text"], add_special_tokens=False) + [eos]
+                    if len(target) > config.max_target_tokens:
+                        continue
+                    image = Image.open(io.BytesIO(row["image"])).convert("RGB")
+                    pixels = processor.image_processor(images=[image])
+                    features = tower.token_features(pixels["pixel_values"], pixels["image_grid_thw"])[0]
+                    items.append(CachedItem(row["id"], row["type"], features.half(), pixels["image_grid_thw"],
+                                            target, row["text"]))
+            path = cache / _cache_name(corpus, shard)
+            partial = path.with_suffix(".partial")
+            torch.save([asdict(item) for item in items], partial)
+            partial.rename(path)
+            rate = len(items) / max(time.perf_counter() - started, 1e-9)
+            log(f"{path.name}: {len(items)} items, {rate:.1f}/s")
 
 
-def read_cache(cache: Path) -> list[CachedItem]:
+def _cache_name(corpus: Path, shard: Path) -> str:
+    return shard.relative_to(corpus / "shards").as_posix().replace("/", "--").replace(".parquet", ".pt")
+
+
+def _held_out(item_id: str) -> bool:
+    return int(hashlib.sha1(item_id.encode()).hexdigest()[:4], 16) % 50 == 0
+
+
+def read_cache(cache: Path, max_visual_tokens: int | None = None) -> list[CachedItem]:
     items = []
-    for path in sorted(Path(cache).glob("chunk-*.pt")):
+    for path in sorted(Path(cache).glob("*.pt")):
         items += [CachedItem(**record) for record in torch.load(path, weights_only=False)]
+    if max_visual_tokens is not None:
+        items = [item for item in items if item.features.shape[0] <= max_visual_tokens]
     return items
 
 
@@ -252,6 +266,37 @@ class _Projected(nn.Module):
         return [self.image_embeds]
 
 
+def _micro_batches(samples: list[TrainingSample], max_tokens: int) -> list[list[TrainingSample]]:
+    """Samples sorted by length, cut into groups of at most `max_tokens` padded positions
+    (a joint row holds the prompt and the response three times)."""
+    def length(sample: TrainingSample) -> int:
+        return sample.prompt.length + 3 * len(sample.target_ids)
+
+    groups: list[list[TrainingSample]] = [[]]
+    for sample in sorted(samples, key=length):
+        if groups[-1] and (len(groups[-1]) + 1) * length(sample) > max_tokens:
+            groups.append([])
+        groups[-1].append(sample)
+    return groups
+
+
+def _backward(view: "CachedTowerView", samples: list[TrainingSample], objective: Objective,
+              config: StripTrainConfig, generator: torch.Generator) -> LossParts:
+    """One step's gradient, micro-batch by micro-batch, each loss divided by the whole step's
+    target counts so that the gradients add up to the step's mean loss."""
+    batches = [build_joint_batch(view, group, objective, config.block_size, generator=generator,
+                                 min_block_size=config.min_block_size, pad_final_block=True)
+               for group in _micro_batches(samples, config.micro_batch_tokens)]
+    counts = [TargetCounts.of(batch) for batch in batches]
+    total = TargetCounts(sum(c.ar for c in counts), max(1, sum(c.denoise for c in counts)))
+    ar = denoise = 0.0
+    for batch in batches:
+        parts = joint_loss(view, batch, objective, total)
+        parts.total.backward()
+        ar, denoise = ar + parts.ar.detach(), denoise + parts.denoise.detach()
+    return LossParts(ar + denoise, ar, denoise)
+
+
 def train(config: StripTrainConfig, log=print) -> Path:
     config.validate()
     torch.set_num_threads(config.threads)
@@ -277,11 +322,13 @@ def train(config: StripTrainConfig, log=print) -> Path:
     if state is not None:
         optimizer.load_state_dict(state["optimizer"])
         step = state["step"]
-    items = read_cache(Path(config.cache))
-    items = [i for i in items if i.type in config.types]
+    items = [i for i in read_cache(Path(config.cache), config.max_visual_tokens) if i.type in config.types]
     if len(items) <= config.validation_items:
         raise ValueError(f"{len(items)} cached items: build the feature cache first (gravityocr train-strips --cache-only)")
-    held_out, items = items[-config.validation_items:], items[:-config.validation_items]
+    # held out: a fixed share of items by id, whichever cache files exist when the run starts
+    held_out = sorted((i for i in items if _held_out(i.id)), key=lambda i: i.id)[:config.validation_items]
+    held_out_ids = {item.id for item in held_out}
+    items = [i for i in items if i.id not in held_out_ids]
     log(f"{len(items)} training items, {len(held_out)} held out; starting at step {step}")
     view = CachedTowerView(model)
     rng = random.Random(config.seed * 1000 + step)
@@ -296,11 +343,8 @@ def train(config: StripTrainConfig, log=print) -> Path:
             group["lr"] = group["lr_base"] * _rate(config, step) * (1.0 if is_projection or not projection_only else 0.0)
         samples = [to_sample(item, recognizer.processor) for item in rng.sample(items, config.batch_size)]
         objective = Objective.AR_ONLY if projection_only else Objective.JOINT
-        batch = build_joint_batch(view, samples, objective, config.block_size, generator=generator,
-                                  min_block_size=config.min_block_size, pad_final_block=True)
-        parts = joint_loss(view, batch, objective)
         optimizer.zero_grad(set_to_none=True)
-        parts.total.backward()
+        parts = _backward(view, samples, objective, config, generator)
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm)
         optimizer.step()
         step += 1
@@ -309,9 +353,8 @@ def train(config: StripTrainConfig, log=print) -> Path:
         out_of_time = config.max_seconds and time.perf_counter() - started > config.max_seconds
         if step % config.validate_every == 0 or step == config.steps or out_of_time:
             record["validation"] = validate(recognizer, held_out)
-            # the cache may still be growing beside a long run: take in its new chunks
-            held_out_ids = {item.id for item in held_out}
-            items = [i for i in read_cache(Path(config.cache)) if i.type in config.types and i.id not in held_out_ids]
+            # the cache may still be growing beside a long run: take in its new files
+            items = [i for i in read_cache(Path(config.cache), config.max_visual_tokens) if i.type in config.types and i.id not in held_out_ids]
         with log_path.open("a") as stream:
             stream.write(json.dumps(record) + "\n")
         if step % 50 == 0 or "validation" in record:

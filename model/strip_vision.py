@@ -50,8 +50,8 @@ class StripImageProcessor:
     glyph_height: float = 20.0  # median connected-component height after scaling, px
     single_line_slack: float = 1.3  # an ink band up to this many strips high is squeezed into one
     min_width: int = 336  # strips are padded to at least this (PP-OCR pads lines to >= 320 px)
-    max_width: int = 2400  # wider strips are squeezed horizontally
-    max_rows: int = 48  # taller crops are squeezed vertically
+    max_width: int = 1920  # wider strips are squeezed horizontally (80 tokens a row)
+    max_rows: int = 24  # taller crops are squeezed vertically (at most 1920 visual tokens)
     merge_size: int = MERGE  # read by OcrProcessor to count visual tokens
 
     # --- the transformers-style surface OcrProcessor and loading use -----------------------
@@ -134,6 +134,12 @@ class StripImageProcessor:
         return torch.from_numpy(out)
 
 
+def cells_to_strips(cells: torch.Tensor, rows: int, columns: int) -> torch.Tensor:
+    """One image's (rows*columns, 3*48*24) cells back into its (rows, 3, 48, columns*24) strips."""
+    strips = cells.reshape(rows, columns, 3, IMAGE_HEIGHT, CELL_WIDTH).permute(0, 2, 3, 1, 4)
+    return strips.reshape(rows, 3, IMAGE_HEIGHT, columns * CELL_WIDTH)
+
+
 class StripVisionTower(nn.Module):
     """PP-OCRv6 backbone + neck (pretrained) and the projection of their 24-px tokens."""
 
@@ -150,10 +156,8 @@ class StripVisionTower(nn.Module):
         start = 0
         for _, grid_h, grid_w in image_grid_thw.tolist():
             rows, columns = grid_h // MERGE, grid_w // MERGE
-            cells = pixel_values[start:start + rows * columns]
+            strips = cells_to_strips(pixel_values[start:start + rows * columns], rows, columns)
             start += rows * columns
-            strips = cells.reshape(rows, columns, 3, IMAGE_HEIGHT, CELL_WIDTH).permute(0, 2, 3, 1, 4)
-            strips = strips.reshape(rows, 3, IMAGE_HEIGHT, columns * CELL_WIDTH)
             tower = self.recognizer(strips.to(self.norm.weight.dtype))
             steps = columns * (CELL_WIDTH // 8)
             sequence = tower.sequence[:, :steps]  # (rows, steps, 120)

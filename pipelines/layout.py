@@ -317,7 +317,7 @@ class RapidLayout:
             from rapid_layout import RapidLayout as _RapidLayout
         except ImportError as error:  # pragma: no cover - depends on the environment
             raise ImportError("the 'rapid' layout backend needs rapid-layout and onnxruntime: "
-                              "pip install 'gravityocr[layout]'") from error
+                              "pip install -e . (rapidocr, rapid-layout, onnxruntime)") from error
         import logging
 
         logging.getLogger("rapid_layout").setLevel(logging.WARNING)
@@ -525,7 +525,7 @@ class RapidOcrLines:
             from rapidocr import RapidOCR
         except ImportError as error:  # pragma: no cover - depends on the environment
             raise ImportError("the 'rapidocr' line splitter needs rapidocr and onnxruntime: "
-                              "pip install 'gravityocr[layout]'") from error
+                              "pip install -e . (rapidocr, rapid-layout, onnxruntime)") from error
         self._engine = RapidOCR(params={"Global.log_level": "warning", "Global.use_cls": False,
                                         "Global.use_rec": False})
         self._page: Image.Image | None = None  # the page the cached boxes belong to

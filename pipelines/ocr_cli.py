@@ -56,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "thread, where a full batch decodes faster in AR rounds)")
     parser.add_argument("--dpi", type=float, default=150, help="PDF render resolution (default: 150)")
     parser.add_argument("--layout", choices=LAYOUT_BACKENDS, default="projection",
-                        help="layout backend (default: projection; rapid needs gravityocr[layout])")
+                        help="layout backend (default: projection; rapid: the bundled layout model)")
     parser.add_argument("--lines", choices=LINE_SPLITTERS, default="projection",
                         help="how text regions are split into lines (default: projection)")
     parser.add_argument("--batch-pages", type=int, default=8, help="pages per recogniser batch (default: 8)")

@@ -1,0 +1,119 @@
+"""The PP-OCRv6 strip tower as a vision tower option: one crop normalisation whatever the
+crop's scale and margins, the cells the engine batches rebuild the strips exactly, the
+model saves and loads with its processor, and every decoding path stays exact with it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from PIL import Image, ImageDraw, ImageFont
+
+from gravityocr.model.configs import build_config
+from gravityocr.model.decoding import greedy_decode, speculative_decode
+from gravityocr.model.draft_ahead import DraftAhead
+from gravityocr.model.engine import Engine, EngineConfig, Request
+from gravityocr.model.loading import Recognizer, load_recognizer, save_recognizer
+from gravityocr.model.modeling import STRIP_TOWER, GravityOcrForConditionalGeneration, vision_tower_of
+from gravityocr.model.processor import OcrProcessor
+from gravityocr.model.strip_vision import CELL_WIDTH, IMAGE_HEIGHT, StripImageProcessor, cells_to_strips
+
+from conftest import SEPARATED_INIT
+
+TEXT = "Self-speculative decoding reads 42 lines."
+
+
+def _font(size: int):
+    import matplotlib
+
+    return ImageFont.truetype(f"{matplotlib.get_data_path()}/fonts/ttf/DejaVuSerif.ttf", size)
+
+
+def render(lines: list[str], size: int, margin: int) -> Image.Image:
+    font = _font(size)
+    width = max(int(font.getlength(line)) for line in lines) + 2 * margin
+    height = int(len(lines) * size * 1.3) + 2 * margin
+    image = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(image)
+    for number, line in enumerate(lines):
+        draw.text((margin, margin + number * size * 1.3), line, fill="black", font=font)
+    return image
+
+
+def test_one_line_reads_the_same_at_any_scale_and_margin():
+    processor = StripImageProcessor()
+    shapes = set()
+    for size in (14, 28, 56):
+        for margin in (size // 8, size):
+            strips = processor.strips(render([TEXT], size, margin))
+            assert strips.shape[0] == 1 and strips.shape[2] == IMAGE_HEIGHT
+            # the text spans about the same width whatever the scale: glyph heights measured
+            # in whole pixels make a 14-px font's scale uncertain by about a pixel in ten
+            ink = (strips[0].mean(dim=0) < 0).any(dim=0).nonzero()
+            shapes.add(int(ink[-1] - ink[0]))
+    assert max(shapes) / min(shapes) < 1.15
+
+
+def test_tall_crops_become_overlapping_strips_and_cells_rebuild_them():
+    processor = StripImageProcessor()
+    image = render(["first line of a paragraph", "second line", "third and last line"], 24, 6)
+    strips = processor.strips(image)
+    assert strips.shape[0] >= 3
+    features = processor(images=[image, render([TEXT], 20, 4)])
+    grids = features["image_grid_thw"].tolist()
+    rows, columns = grids[0][1] // 2, grids[0][2] // 2
+    assert grids[0][0] == 1 and rows == strips.shape[0] and columns * CELL_WIDTH == strips.shape[3]
+    assert features["pixel_values"].shape == (rows * columns + grids[1][1] * grids[1][2] // 4,
+                                              3 * IMAGE_HEIGHT * CELL_WIDTH)
+    assert torch.equal(cells_to_strips(features["pixel_values"][:rows * columns], rows, columns), strips)
+
+
+@pytest.fixture(scope="module")
+def strip_recognizer(tokenizer):
+    torch.manual_seed(0)
+    config = build_config(tokenizer, SEPARATED_INIT)
+    config.vision_tower = STRIP_TOWER
+    model = GravityOcrForConditionalGeneration(config).to(torch.float64).eval()
+    return Recognizer(model, OcrProcessor(tokenizer, StripImageProcessor()))
+
+
+def test_the_model_saves_and_loads_with_its_tower_and_processor(strip_recognizer, tmp_path):
+    model = strip_recognizer.model
+    assert vision_tower_of(model.config) == STRIP_TOWER and not hasattr(model.model, "visual")
+    save_recognizer(strip_recognizer, tmp_path / "strips")
+    loaded = load_recognizer(tmp_path / "strips", dtype=torch.float64)
+    assert isinstance(loaded.processor.image_processor, StripImageProcessor)
+    prompt = loaded.processor.encode(render([TEXT], 20, 4), "text")
+    with torch.no_grad():
+        before = model.encode_images(prompt.pixel_values, prompt.image_grid_thw)[0]
+        after = loaded.model.encode_images(prompt.pixel_values, prompt.image_grid_thw)[0]
+    assert before.shape == (prompt.image_grid_thw.prod() // 4, model.config.text_config.hidden_size)
+    assert torch.equal(before, after)
+
+
+def test_an_unknown_vision_tower_is_refused(tokenizer):
+    config = build_config(tokenizer, SEPARATED_INIT)
+    config.vision_tower = "vit-xl"
+    with pytest.raises(ValueError, match="unknown vision_tower 'vit-xl'"):
+        GravityOcrForConditionalGeneration(config)
+
+
+def test_every_decoding_path_is_exact_with_the_strip_tower(strip_recognizer):
+    model, processor = strip_recognizer.model, strip_recognizer.processor
+    eos = set(processor.eos_token_ids)
+    images = [render([TEXT[:n]], 18 + n % 5, 3) for n in (8, 20, 41)]
+    images.append(render(["a two-line", "crop"], 20, 5))
+    prompts = [processor.encode(image, "text") for image in images]
+    with torch.no_grad():
+        greedy = [greedy_decode(model, prompt, 24, eos).token_ids for prompt in prompts]
+        for prompt, expected in zip(prompts, greedy):
+            assert speculative_decode(model, prompt, 24, eos, 8).token_ids == expected
+            assert speculative_decode(model, prompt, 24, eos, 8, DraftAhead(4, 0.5)).token_ids == expected
+    longest = max(p.length for p in prompts) + 24
+    # batch 4: speculating at every batch size, and past a cap of 1 (AR rounds above it)
+    for cap in (0, 1):
+        engine = Engine(model, EngineConfig(max_batch_size=4, max_seq_len=longest, block_size=8, mode="spec",
+                                            dtype=torch.float64, num_threads=1, speculative_max_batch=cap or None),
+                        eos)
+        results = {r.request_id: r.token_ids for r in engine.generate(
+            [Request(str(i), prompt, 24) for i, prompt in enumerate(prompts)])}
+        assert [results[str(i)] for i in range(len(prompts))] == greedy
