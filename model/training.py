@@ -280,9 +280,13 @@ def build_fresh_recognizer(config: TrainConfig) -> Recognizer:
 
 
 def parameter_groups(model: GravityOcrForConditionalGeneration, config: TrainConfig) -> list[dict]:
+    """GLM-OCR's vision tower trains at `vision_lr_scale`; the pretrained PP-OCRv6 strip
+    tower stays frozen (only its projection into the decoder trains)."""
     vision_weights, decoder = [], []
     for name, parameter in model.named_parameters():
-        if name.startswith("model.visual."):
+        if name.startswith("strip_vision.recognizer."):
+            parameter.requires_grad_(False)
+        elif name.startswith("model.visual."):
             if name.endswith(".bias"):
                 parameter.requires_grad_(False)  # measured: trainable vision biases feed the collapse
             else:
@@ -296,6 +300,9 @@ def parameter_groups(model: GravityOcrForConditionalGeneration, config: TrainCon
 
 
 def set_vision_trainable(model: GravityOcrForConditionalGeneration, trainable: bool) -> None:
+    """GLM-OCR's vision tower only: a strip tower stays frozen (see `parameter_groups`)."""
+    if not hasattr(model.model, "visual"):
+        return
     for name, parameter in model.model.visual.named_parameters():
         parameter.requires_grad_(trainable and not name.endswith(".bias"))
 

@@ -66,3 +66,36 @@ def test_eval_json_on_a_trained_tiny_model(tmp_path, trained_tiny_model, process
     assert {k: free[k] for k in ("text", "table", "formula")} == {k: report[k] for k in ("text", "table", "formula")}
     with pytest.raises(SystemExit, match="--draft-branches needs --draft-ahead"):
         main(["eval", str(data), "--model", str(model_dir), "--draft-branches", "3"])
+
+
+def test_pages_are_read_by_the_page_pipeline_and_scored_as_page_text(tmp_path, trained_tiny_model, processor):
+    """A page item is what `gravityocr ocr` makes of the page, not one crop of it; crops and
+    pages share one report, and the exactness check covers the pages too."""
+    from gravityocr.model.evaluation import evaluate
+    from gravityocr.model.metrics import page_similarity
+    from gravityocr.pipelines.documents import Page
+    from gravityocr.pipelines.evaluation import evaluate_set
+    from gravityocr.pipelines.page_ocr import PageOcr, PageOcrConfig
+    from gravityocr.pipelines.recognizer import CropRecognizer, RecognizerConfig
+    from gravityocr.pipelines.synthetic_pages import sample_pages
+
+    recognizer = Recognizer(trained_tiny_model, processor)
+    (page,) = sample_pages(1, seed=3)
+    data = tmp_path / "data"
+    (data / "images").mkdir(parents=True)
+    page.image.save(data / "images" / "page.png")
+    random_image(100, 84, 56).save(data / "images" / "line.png")
+    truth = page.text(include_furniture=True)
+    items = [ManifestItem("page", data / "images" / "page.png", "page", truth),
+             ManifestItem("line", data / "images" / "line.png", "text", OVERFIT_TEXTS[0])]
+
+    report = evaluate_set(recognizer, items, block_size=16, check_exact=True)
+    assert set(report.scores) == {"page", "text"} and report.exact is True
+    page_outcome = next(o for o in report.items if o.id == "page")
+    pipeline = PageOcr(CropRecognizer(recognizer, RecognizerConfig(mode="ar")), PageOcrConfig())
+    (read,) = pipeline.read_pages([Page("page", 1, page.image.convert("RGB"), page.image.width, page.image.height)])
+    assert page_outcome.prediction == read.text(include_furniture=True) != ""
+    assert page_outcome.score == page_similarity(page_outcome.prediction, truth)
+    assert page_outcome.forward_passes > 0
+    with pytest.raises(ValueError, match="evaluate\\(\\) reads crops"):
+        evaluate(recognizer, items)
