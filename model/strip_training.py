@@ -65,6 +65,7 @@ class StripTrainConfig:
     checkpoint_every: int = 250
     validate_every: int = 500
     max_seconds: float = 0.0  # >0: stop (with a checkpoint) after this long
+    stop_step: int = 0  # >0: stop (with a checkpoint) at this step of the `steps`-long schedule
 
     @classmethod
     def from_file(cls, path: str | Path) -> "StripTrainConfig":
@@ -350,7 +351,8 @@ def train(config: StripTrainConfig, log=print) -> Path:
         step += 1
         record = {"step": step, "ar": round(parts.ar.item(), 4), "denoise": round(parts.denoise.item(), 4),
                   "seconds": round(time.perf_counter() - started, 1)}
-        out_of_time = config.max_seconds and time.perf_counter() - started > config.max_seconds
+        out_of_time = bool(config.max_seconds and time.perf_counter() - started > config.max_seconds)
+        out_of_time = out_of_time or step == config.stop_step
         if step % config.validate_every == 0 or step == config.steps or out_of_time:
             record["validation"] = validate(recognizer, held_out)
             # the cache may still be growing beside a long run: take in its new files
@@ -371,6 +373,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="recipe YAML (recipes/strips.yaml)")
     parser.add_argument("--cache-only", action="store_true", help="build the feature cache and stop")
     parser.add_argument("--max-seconds", type=float, default=None, help="this invocation's time budget")
+    parser.add_argument("--stop-step", type=int, default=None, help="stop at this step of the schedule")
     parser.add_argument("--output-dir", default=None)
 
 
@@ -378,6 +381,8 @@ def run(args) -> int:
     config = StripTrainConfig.from_file(args.config)
     if args.max_seconds is not None:
         config.max_seconds = args.max_seconds
+    if args.stop_step is not None:
+        config.stop_step = args.stop_step
     if args.output_dir:
         config.output_dir = args.output_dir
     torch.set_num_threads(config.threads)

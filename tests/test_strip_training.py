@@ -1,0 +1,62 @@
+"""`gravityocr train-strips` end to end on a tiny corpus: the frozen tower's features are
+cached per shard (and a second cache run adds nothing), training resumes from its
+checkpoint, the tower never moves, and the trained reader decodes exactly."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from safetensors.torch import load_file
+
+from gravityocr.cli import main
+from gravityocr.corpus.build import BuildConfig, build
+from gravityocr.model.decoding import greedy_decode, speculative_decode
+from gravityocr.model.loading import Recognizer, load_recognizer, save_recognizer
+from gravityocr.model.ppocr_tower import convert_onnx, rapidocr_model_path
+from gravityocr.model.strip_training import read_cache
+
+from test_corpus_build import fixture_package  # noqa: F401  (the one-PDF Debian package)
+
+
+def test_cache_train_resume_and_decode_exactly(tmp_path, fixture_package, tiny_model_factory, processor):  # noqa: F811
+    corpus = tmp_path / "corpus"
+    build(BuildConfig(corpus, tmp_path / "debs", seed=1, types=("text",), augment_share=0.3), log=lambda line: None,
+          training={"text": ["fixture-doc"]}, fetch=lambda name, cache: fixture_package)
+    start = tmp_path / "start"
+    save_recognizer(Recognizer(tiny_model_factory(3, torch.float32), processor), start)
+    tower = convert_onnx(rapidocr_model_path(), tmp_path / "tower.safetensors")
+    recipe = tmp_path / "strips.yaml"
+    recipe.write_text(json.dumps({
+        "corpus": str(corpus), "cache": str(tmp_path / "cache"), "output_dir": str(tmp_path / "run"),
+        "init_from": str(start), "tower_weights": str(tower), "types": ["text"], "validation_items": 1,
+        "steps": 6, "projection_steps": 2, "batch_size": 4, "block_size": 8, "min_block_size": 4,
+        "checkpoint_every": 2, "validate_every": 3, "warmup_steps": 1}))
+
+    assert main(["train-strips", "--config", str(recipe), "--cache-only"]) == 0
+    cached = read_cache(tmp_path / "cache")
+    assert len(cached) == 8 and all(item.features.shape[1] == 1512 for item in cached)
+    files = sorted(p.stat().st_mtime_ns for p in (tmp_path / "cache").iterdir())
+    assert main(["train-strips", "--config", str(recipe), "--cache-only"]) == 0  # nothing left to do
+    assert sorted(p.stat().st_mtime_ns for p in (tmp_path / "cache").iterdir()) == files
+
+    assert main(["train-strips", "--config", str(recipe), "--stop-step", "4"]) == 0
+    assert main(["train-strips", "--config", str(recipe)]) == 0  # resumes at step 4
+    log = [json.loads(line) for line in (tmp_path / "run/train_log.jsonl").read_text().splitlines()]
+    assert [record["step"] for record in log] == [1, 2, 3, 4, 5, 6]
+    assert [record["denoise"] > 0 for record in log] == [False, False, True, True, True, True]
+    assert "validation" in log[2] and "validation" in log[5]
+
+    trained = load_file(str(tmp_path / "run/checkpoint/model.safetensors"))
+    original = load_file(str(tower))
+    for name, tensor in original.items():
+        if not name.startswith("head."):
+            assert torch.equal(trained[f"strip_vision.recognizer.{name}"], tensor), name
+    recognizer = load_recognizer(tmp_path / "run/checkpoint", dtype=torch.float64)
+    eos = set(recognizer.processor.eos_token_ids)
+    from PIL import Image
+
+    prompt = recognizer.processor.encode(Image.new("RGB", (300, 30), "white"), "text")
+    with torch.no_grad():
+        expected = greedy_decode(recognizer.model, prompt, 16, eos).token_ids
+        assert speculative_decode(recognizer.model, prompt, 16, eos, 8).token_ids == expected
