@@ -205,7 +205,11 @@ def split_by_length(batch: JointBatch, max_tokens: int) -> list[MicroBatch]:
         if groups[-1] and (len(groups[-1]) + 1) * lengths[index] > max_tokens:
             groups.append([])
         groups[-1].append(index)
-    patch_starts = list(itertools.accumulate(batch.image_grid_thw.prod(dim=1).tolist(), initial=0))
+    # Rows of pixel_values per image: GLM-OCR's patches (t*h*w) or the strip tower's cells
+    # (t*h*w / 4): the same share of the batch's rows either way.
+    sizes = batch.image_grid_thw.prod(dim=1).tolist()
+    rows = [size * batch.pixel_values.shape[0] // max(1, sum(sizes)) for size in sizes]
+    patch_starts = list(itertools.accumulate(rows, initial=0))
     micro_batches = []
     for group in groups:
         total = max(lengths[i] for i in group)
