@@ -112,45 +112,47 @@ def rapidocr_lines(items: list[ManifestItem]) -> Figures:
     return figures
 
 
-def rapidocr_pages(items: list[ManifestItem]) -> Figures:
-    from rapidocr import RapidOCR
+def peer_pages(items: list[ManifestItem]) -> list[Figures]:
+    """rapidocr and Tesseract on whole pages, run by `gravityocr bench pages`' own runners,
+    scored here with the evaluator's page score."""
+    from .pages import BenchPage, run_rapidocr, run_tesseract
 
-    engine = RapidOCR(params={"Global.log_level": "warning"})
-    images = [_bgr(item) for item in items]
-    engine(images[0])
-    texts, seconds = _timed(lambda: ["\n".join(engine(image).txts or ()) for image in images])
-    figures = Figures("rapidocr (PP-OCRv6 det+rec)", "pages", seconds_per_item=seconds / len(items))
-    figures.scores = [score("page", text, item.text) for text, item in zip(texts, items)]
-    return figures
+    pages = [BenchPage(item.id, item.load_image(), item.text) for item in items]
+    out = []
+    for run in (run_rapidocr, run_tesseract):
+        peer = run(pages)
+        if peer.skipped:
+            print(f"{peer.name}: skipped: {peer.skipped}")
+            continue
+        figures = Figures(peer.name, "pages", seconds_per_item=peer.seconds / len(pages))
+        figures.scores = [score("page", text, item.text) for text, item in zip(peer.texts, items)]
+        out.append(figures)
+    return out
 
 
 # --- Tesseract ---------------------------------------------------------------------------------
 
-def _tesseract(paths: list[Path], psm: int) -> list[str]:
-    """One process over a list file: Tesseract separates the images' texts with form feeds."""
+def _tesseract(paths: list[Path]) -> list[str]:
+    """One process over a list file of lines (page segmentation 7: one text line); Tesseract
+    separates the images' texts with form feeds."""
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as listing:
         listing.write("".join(f"{path}\n" for path in paths))
-    done = subprocess.run(["tesseract", listing.name, "stdout", "-l", "eng", "--psm", str(psm)],
+    done = subprocess.run(["tesseract", listing.name, "stdout", "-l", "eng", "--psm", "7"],
                           capture_output=True, text=True, check=True)
     Path(listing.name).unlink()
     texts = done.stdout.split("\f")
     return [text.strip() for text in texts[:len(paths)]]
 
 
-def tesseract(items: list[ManifestItem], kind: str) -> Figures:
+def tesseract_lines(items: list[ManifestItem]) -> Figures:
     version = subprocess.run(["tesseract", "--version"], capture_output=True, text=True).stdout.split("\n")[0]
-    figures = Figures(version.strip() or "tesseract", kind)
+    figures = Figures(version.strip() or "tesseract", "lines")
     paths = [item.image_path for item in items]
-    psm = 7 if kind == "lines" else 3
-    if kind == "lines":
-        _, seconds = _timed(lambda: [_tesseract([path], psm) for path in paths[:64]])
-        figures.seconds_per_item = seconds / min(64, len(paths))
-        texts, seconds = _timed(lambda: _tesseract(paths, psm))
-        figures.items_per_second_batched = len(paths) / seconds
-    else:
-        texts, seconds = _timed(lambda: _tesseract(paths, psm))
-        figures.seconds_per_item = seconds / len(paths)
-    figures.scores = [score("text" if kind == "lines" else "page", text, item.text) for text, item in zip(texts, items)]
+    _, seconds = _timed(lambda: [_tesseract([path]) for path in paths[:64]])
+    figures.seconds_per_item = seconds / min(64, len(paths))
+    texts, seconds = _timed(lambda: _tesseract(paths))
+    figures.items_per_second_batched = len(paths) / seconds
+    figures.scores = [score("text", text, item.text) for text, item in zip(texts, items)]
     return figures
 
 
@@ -177,14 +179,12 @@ def main(argv: list[str] | None = None) -> int:
     results = [ours_lines(recognizer, lines)] + ([ours_pages(recognizer, pages)] if pages else [])
     if not args.skip_peers:
         results.append(rapidocr_lines(lines))
-        if pages:
-            results.append(rapidocr_pages(pages))
         if shutil.which("tesseract"):
-            results.append(tesseract(lines, "lines"))
-            if pages:
-                results.append(tesseract(pages, "pages"))
+            results.append(tesseract_lines(lines))
         else:
             print("tesseract: not installed (apt-get install -y tesseract-ocr)")
+        if pages:
+            results += peer_pages(pages)
     rows = [figures.row() for figures in results]
     for row in rows:
         print(json.dumps(row))

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import io
 import json
 import random
 import sys
@@ -29,7 +28,8 @@ from typing import Callable, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from PIL import Image
+
+from gravityocr.model.manifest import png_bytes
 
 from .augment import scan_like
 from .debian import UnpackedPackage, check_not_reserved, fetch_package
@@ -114,15 +114,6 @@ def plan_units(package: UnpackedPackage, type: str) -> list[Unit]:
             for index, start in enumerate(range(0, len(files), size))]
 
 
-def _png(image: Image.Image) -> bytes:
-    buffer = io.BytesIO()
-    gray = image.convert("L")
-    rgb = image.convert("RGB")
-    keep = gray if gray.convert("RGB").tobytes() == rgb.tobytes() else rgb
-    keep.save(buffer, format="PNG", optimize=True)
-    return buffer.getvalue()
-
-
 def unit_items(unit: Unit, package: UnpackedPackage, build_seed: int, limit: int | None,
                augment_share: float, sources=ITEM_SOURCES) -> Iterator[CorpusItem]:
     """The unit's items, a share of them degraded like scans, deterministic for the seed."""
@@ -137,7 +128,7 @@ def unit_items(unit: Unit, package: UnpackedPackage, build_seed: int, limit: int
 def _write_shard(path: Path, items: list[CorpusItem]) -> None:
     rows = defaultdict(list)
     for item in items:
-        for key, value in (("id", item.id), ("type", item.type), ("text", item.text), ("image", _png(item.image)),
+        for key, value in (("id", item.id), ("type", item.type), ("text", item.text), ("image", png_bytes(item.image)),
                            ("package", item.source.package), ("file", item.source.file), ("page", item.source.page),
                            ("locator", item.source.locator), ("licence", item.source.licence),
                            ("renderer", item.source.renderer), ("augment", item.augment)):
@@ -192,15 +183,6 @@ def build(config: BuildConfig, log=print, training: dict[str, list[str]] = TRAIN
     return written
 
 
-def read_shards(output: Path, types: tuple[str, ...] = TYPES) -> Iterator[dict]:
-    """Every item of a build as a dict with the image decoded (for training and inspection)."""
-    for shard in sorted(output.glob("shards/**/*.parquet")):
-        for row in pq.read_table(shard).to_pylist():
-            if row["type"] in types:
-                row["image"] = Image.open(io.BytesIO(row["image"])).convert("RGB")
-                yield row
-
-
 # --- the evaluation set ------------------------------------------------------------------
 
 EVAL_COUNTS = {"text": 320, "page": 14, "table": 45, "formula": 66}
@@ -211,7 +193,7 @@ def build_eval_set(output: Path, cache: Path = DEFAULT_CACHE, seed: int = 0,
                    evaluation: dict[str, list[str]] = EVALUATION,
                    fetch: Callable[[str, Path], UnpackedPackage] = fetch_package) -> int:
     """Write an evaluation manifest directory from the evaluation-side packages."""
-    from gravityocr.model.manifest import ManifestItem
+    from gravityocr.model.manifest import ManifestItem, save_crop_image
     from gravityocr.model.manifest import write_manifest as write_eval_manifest
 
     check_sources()
@@ -232,8 +214,7 @@ def build_eval_set(output: Path, cache: Path = DEFAULT_CACHE, seed: int = 0,
             if rng.random() < augment_share:
                 item.image, item.augment = scan_like(item.image, rng)
             path = output / "images" / f"{item.id}.png"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(_png(item.image))
+            save_crop_image(item.image, path)
             source = item.source.describe() + (f" [{item.augment}]" if item.augment else "")
             chosen.append(ManifestItem(item.id, path, item.type, item.text, source))
         log(f"{type}: {len(picked)} items")

@@ -64,13 +64,12 @@ class UnpackedPackage:
     def files(self, *suffixes: str) -> list[Path]:
         """Files under the tree with one of `suffixes` (".pdf", ".html" ...), gzipped or not, sorted."""
         wanted = tuple(s.lower() for s in suffixes) + tuple(s.lower() + ".gz" for s in suffixes)
+        if self.only is not None:  # a view lists its own files: no walk of the whole tree per unit
+            return sorted(p for p in (self.root / name for name in self.only) if p.name.lower().endswith(wanted))
         # Symbolic links are the same file under a second name (texmf trees link into /usr/share/doc).
-        found = sorted(p for p in self.root.rglob("*")
-                       if p.is_file() and not p.is_symlink() and p.name.lower().endswith(wanted)
-                       and not any(copy in "/" + self.relative(p) for copy in RESERVED_COPIES))
-        if self.only is not None:
-            found = [p for p in found if self.relative(p) in self.only]
-        return found
+        return sorted(p for p in self.root.rglob("*")
+                      if p.is_file() and not p.is_symlink() and p.name.lower().endswith(wanted)
+                      and not any(copy in "/" + self.relative(p) for copy in RESERVED_COPIES))
 
     def restricted_to(self, relative_paths) -> "UnpackedPackage":
         """The same package seen through a subset of its files (a unit of a resumable build)."""

@@ -24,7 +24,6 @@ import statistics
 import unicodedata
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 from typing import Iterator
 
 import numpy as np
@@ -207,77 +206,63 @@ def has_ink(image: Image.Image, threshold: int = 128, min_share: float = 0.002) 
     return gray.size > 0 and float((gray < threshold).mean()) >= min_share
 
 
-def _open(package: UnpackedPackage, path: Path) -> pdfium.PdfDocument | None:
-    try:
-        return pdfium.PdfDocument(UnpackedPackage.read_bytes(path))
-    except pdfium.PdfiumError:
-        return None
+def _sampled_pages(package: UnpackedPackage, seed: int, purpose: str,
+                   config: TextConfig) -> Iterator[tuple[str, int, pdfium.PdfPage, random.Random]]:
+    """(file, 0-based page number, page, the file's generator) for up to `pages_per_file`
+    upright pages of every PDF, in an order drawn from the seed; one generator per file and
+    purpose, so lines and pages of one build are drawn independently."""
+    for path in package.files(".pdf"):
+        relative = package.relative(path)
+        rng = random.Random(f"{seed}:{package.name}:{relative}:{purpose}")
+        try:
+            document = pdfium.PdfDocument(UnpackedPackage.read_bytes(path))
+        except pdfium.PdfiumError:
+            continue
+        try:
+            page_numbers = list(range(len(document)))
+            rng.shuffle(page_numbers)
+            for number in page_numbers[:config.pages_per_file]:
+                page = document[number]
+                if page.get_rotation() == 0:
+                    yield relative, number, page, rng
+        finally:
+            document.close()
 
 
 def line_items(package: UnpackedPackage, seed: int, limit: int | None = None,
                config: TextConfig = TextConfig()) -> Iterator[CorpusItem]:
     """Text-line items from every PDF of the package, deterministic for a seed."""
     count = 0
-    for path in package.files(".pdf"):
-        relative = package.relative(path)
-        rng = random.Random(f"{seed}:{package.name}:{relative}:lines")
-        document = _open(package, path)
-        if document is None:
+    for relative, number, page, rng in _sampled_pages(package, seed, "lines", config):
+        segments = [s for s in page_segments(page, config)
+                    if s.clean and config.min_chars <= len(s.text) <= config.max_chars]
+        if not segments:
             continue
-        try:
-            page_numbers = list(range(len(document)))
-            rng.shuffle(page_numbers)
-            for number in page_numbers[:config.pages_per_file]:
-                page = document[number]
-                if page.get_rotation() != 0:
-                    continue
-                segments = [s for s in page_segments(page, config)
-                            if s.clean and config.min_chars <= len(s.text) <= config.max_chars]
-                if not segments:
-                    continue
-                chosen = rng.sample(segments, min(config.lines_per_page, len(segments)))
-                dpi = rng.randint(*config.dpi_range)
-                image = render_page(page, dpi)
-                for segment in chosen:
-                    crop = crop_segment(image, page.get_cropbox(), dpi, segment, rng)
-                    if crop is None or not has_ink(crop):
-                        continue
-                    source = Source(package.name, relative, package.licence, page=number + 1,
-                                    renderer=f"pdfium@{dpi}dpi")
-                    yield CorpusItem("text", crop, segment.text, source)
-                    count += 1
-                    if limit is not None and count >= limit:
-                        return
-        finally:
-            document.close()
+        chosen = rng.sample(segments, min(config.lines_per_page, len(segments)))
+        dpi = rng.randint(*config.dpi_range)
+        image = render_page(page, dpi)
+        for segment in chosen:
+            crop = crop_segment(image, page.get_cropbox(), dpi, segment, rng)
+            if crop is None or not has_ink(crop):
+                continue
+            source = Source(package.name, relative, package.licence, page=number + 1, renderer=f"pdfium@{dpi}dpi")
+            yield CorpusItem("text", crop, segment.text, source)
+            count += 1
+            if limit is not None and count >= limit:
+                return
 
 
 def page_items(package: UnpackedPackage, seed: int, limit: int | None = None, min_lines: int = 8,
                config: TextConfig = TextConfig()) -> Iterator[CorpusItem]:
     """Whole-page items (every segment clean) with their text in reading order."""
     count = 0
-    for path in package.files(".pdf"):
-        relative = package.relative(path)
-        rng = random.Random(f"{seed}:{package.name}:{relative}:pages")
-        document = _open(package, path)
-        if document is None:
+    for relative, number, page, rng in _sampled_pages(package, seed, "pages", config):
+        segments = page_segments(page, config)
+        if len(segments) < min_lines or not all(s.clean for s in segments):
             continue
-        try:
-            page_numbers = list(range(len(document)))
-            rng.shuffle(page_numbers)
-            for number in page_numbers[:config.pages_per_file]:
-                page = document[number]
-                if page.get_rotation() != 0:
-                    continue
-                segments = page_segments(page, config)
-                if len(segments) < min_lines or not all(s.clean for s in segments):
-                    continue
-                dpi = rng.randint(150, 200)
-                source = Source(package.name, relative, package.licence, page=number + 1,
-                                renderer=f"pdfium@{dpi}dpi")
-                yield CorpusItem("page", render_page(page, dpi), "\n".join(s.text for s in segments), source)
-                count += 1
-                if limit is not None and count >= limit:
-                    return
-        finally:
-            document.close()
+        dpi = rng.randint(150, 200)
+        source = Source(package.name, relative, package.licence, page=number + 1, renderer=f"pdfium@{dpi}dpi")
+        yield CorpusItem("page", render_page(page, dpi), "\n".join(s.text for s in segments), source)
+        count += 1
+        if limit is not None and count >= limit:
+            return

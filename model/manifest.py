@@ -10,6 +10,7 @@ the rest of a run.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from dataclasses import dataclass
@@ -93,13 +94,20 @@ def write_manifest(directory: str | os.PathLike, items: Iterable[ManifestItem]) 
     return path
 
 
-def save_crop_image(image: Image.Image, path: Path) -> None:
-    """PNG, grayscale when the image has no colour (synthetic crops never do): a fraction of the size."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+def png_bytes(image: Image.Image) -> bytes:
+    """PNG, grayscale when the image has no colour (synthetic crops and most pages never do):
+    a fraction of the size."""
     rgb = image.convert("RGB")
     r, g, b = rgb.split()
     gray = r if r.tobytes() == g.tobytes() == b.tobytes() else None
-    (gray if gray is not None else rgb).save(path, format="PNG", optimize=True)
+    buffer = io.BytesIO()
+    (gray if gray is not None else rgb).save(buffer, format="PNG", optimize=True)
+    return buffer.getvalue()
+
+
+def save_crop_image(image: Image.Image, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(png_bytes(image))
 
 
 def write_synthetic_set(directory: str | os.PathLike, seed: int, n: int, stage, kind: str | None = None,

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import random
 import time
 from dataclasses import asdict, dataclass
@@ -27,13 +26,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .joint_loss import LossParts, Objective, TargetCounts, TrainingSample, build_joint_batch, joint_loss
+from .joint_loss import Objective, TrainingSample, backward_in_micro_batches, build_joint_batch
 from .loading import Recognizer, load_recognizer, save_recognizer
 from .metrics import score
 from .modeling import STRIP_TOWER, GravityOcrForConditionalGeneration
 from .ppocr_tower import load_ppocr_recognizer as load_tower
 from .processor import EncodedPrompt, OcrProcessor
 from .recipes import read_recipe
+from .schedule import LearningRateSchedule
 from .strip_vision import StripImageProcessor
 
 
@@ -219,83 +219,21 @@ def to_sample(item: CachedItem, processor: OcrProcessor) -> TrainingSample:
 
 # --- training -------------------------------------------------------------------------------
 
-def _rate(config: StripTrainConfig, step: int) -> float:
-    if step < config.warmup_steps:
-        return (step + 1) / config.warmup_steps
-    progress = min(1.0, (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps))
-    floor = config.min_learning_rate / config.learning_rate
-    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
-
-
 @torch.no_grad()
 def validate(recognizer: Recognizer, items: list[CachedItem]) -> dict[str, float]:
     """Greedy reading of held-out cached items: mean score by type."""
     from .decoding import greedy_decode
 
-    view = CachedTowerView(recognizer.model)
-    model = recognizer.model.eval()
+    view = CachedTowerView(recognizer.model.eval())
     eos = set(recognizer.processor.eos_token_ids)
     scores: dict[str, list[float]] = {}
     for item in items:
-        sample = to_sample(item, recognizer.processor)
-        prompt = sample.prompt
-        embeds = view.encode_images(prompt.pixel_values, prompt.image_grid_thw)[0]
-        # greedy_decode encodes images itself; give it the projected tokens through a tiny shim
-        result = greedy_decode(_Projected(model, embeds), prompt, len(item.target_ids) + 20, eos)
+        prompt = to_sample(item, recognizer.processor).prompt
+        result = greedy_decode(view, prompt, len(item.target_ids) + 20, eos)
         text = recognizer.processor.decode(result.token_ids)
         scores.setdefault(item.type, []).append(score(item.type, text, item.text))
-    model.train()
+    recognizer.model.train()
     return {t: sum(v) / len(v) for t, v in scores.items()}
-
-
-class _Projected(nn.Module):
-    """The model with one image's visual tokens already computed."""
-
-    def __init__(self, model: GravityOcrForConditionalGeneration, image_embeds: torch.Tensor):
-        super().__init__()
-        self.inner = model
-        self.image_embeds = image_embeds
-        self.config = model.config
-
-    def __getattr__(self, name):
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            return getattr(self.inner, name)
-
-    def encode_images(self, pixel_values, image_grid_thw):
-        return [self.image_embeds]
-
-
-def _micro_batches(samples: list[TrainingSample], max_tokens: int) -> list[list[TrainingSample]]:
-    """Samples sorted by length, cut into groups of at most `max_tokens` padded positions
-    (a joint row holds the prompt and the response three times)."""
-    def length(sample: TrainingSample) -> int:
-        return sample.prompt.length + 3 * len(sample.target_ids)
-
-    groups: list[list[TrainingSample]] = [[]]
-    for sample in sorted(samples, key=length):
-        if groups[-1] and (len(groups[-1]) + 1) * length(sample) > max_tokens:
-            groups.append([])
-        groups[-1].append(sample)
-    return groups
-
-
-def _backward(view: "CachedTowerView", samples: list[TrainingSample], objective: Objective,
-              config: StripTrainConfig, generator: torch.Generator) -> LossParts:
-    """One step's gradient, micro-batch by micro-batch, each loss divided by the whole step's
-    target counts so that the gradients add up to the step's mean loss."""
-    batches = [build_joint_batch(view, group, objective, config.block_size, generator=generator,
-                                 min_block_size=config.min_block_size, pad_final_block=True)
-               for group in _micro_batches(samples, config.micro_batch_tokens)]
-    counts = [TargetCounts.of(batch) for batch in batches]
-    total = TargetCounts(sum(c.ar for c in counts), max(1, sum(c.denoise for c in counts)))
-    ar = denoise = 0.0
-    for batch in batches:
-        parts = joint_loss(view, batch, objective, total)
-        parts.total.backward()
-        ar, denoise = ar + parts.ar.detach(), denoise + parts.denoise.detach()
-    return LossParts(ar + denoise, ar, denoise)
 
 
 def train(config: StripTrainConfig, log=print) -> Path:
@@ -316,12 +254,15 @@ def train(config: StripTrainConfig, log=print) -> Path:
     projection = list(model.strip_vision.norm.parameters()) + list(model.strip_vision.projection.parameters())
     projected = {id(p) for p in projection}
     rest = [p for n, p in model.named_parameters() if p.requires_grad and id(p) not in projected]
-    optimizer = torch.optim.AdamW([{"params": projection, "lr_base": config.projection_learning_rate},
-                                   {"params": rest, "lr_base": config.learning_rate}],
+    optimizer = torch.optim.AdamW([{"params": projection, "lr_base": config.projection_learning_rate,
+                                    "during_projection_steps": True},
+                                   {"params": rest, "lr_base": config.learning_rate, "during_projection_steps": False}],
                                   lr=config.learning_rate, weight_decay=config.weight_decay)
     step = 0
     if state is not None:
         optimizer.load_state_dict(state["optimizer"])
+        for group, flag in zip(optimizer.param_groups, (True, False)):  # the groups' roles, not saved state
+            group["during_projection_steps"] = flag
         step = state["step"]
     items = [i for i in read_cache(Path(config.cache), config.max_visual_tokens) if i.type in config.types]
     if len(items) <= config.validation_items:
@@ -336,16 +277,21 @@ def train(config: StripTrainConfig, log=print) -> Path:
     generator = torch.Generator().manual_seed(config.seed * 1000 + step)
     log_path = output / "train_log.jsonl"
     output.mkdir(parents=True, exist_ok=True)
+    # one schedule for both groups, as a multiple of each group's own peak rate
+    schedule = LearningRateSchedule(1.0, config.min_learning_rate / config.learning_rate, config.warmup_steps,
+                                    config.steps)
     started = time.perf_counter()
     while step < config.steps:
         projection_only = step < config.projection_steps
         for group in optimizer.param_groups:
-            is_projection = group["lr_base"] == config.projection_learning_rate
-            group["lr"] = group["lr_base"] * _rate(config, step) * (1.0 if is_projection or not projection_only else 0.0)
+            trains = group["during_projection_steps"] or not projection_only
+            group["lr"] = group["lr_base"] * schedule.rate(step) if trains else 0.0
         samples = [to_sample(item, recognizer.processor) for item in rng.sample(items, config.batch_size)]
         objective = Objective.AR_ONLY if projection_only else Objective.JOINT
+        batch = build_joint_batch(view, samples, objective, config.block_size, generator=generator,
+                                  min_block_size=config.min_block_size, pad_final_block=True)
         optimizer.zero_grad(set_to_none=True)
-        parts = _backward(view, samples, objective, config, generator)
+        parts, _ = backward_in_micro_batches(view, batch, objective, config.micro_batch_tokens)
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm)
         optimizer.step()
         step += 1

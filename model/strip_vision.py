@@ -60,8 +60,7 @@ class StripImageProcessor:
         cells, grids = [], []
         for image in images:
             strips = self.strips(image)
-            rows, _, width = strips.shape[0], strips.shape[1], strips.shape[3]
-            columns = width // CELL_WIDTH
+            rows, columns = strips.shape[0], strips.shape[3] // CELL_WIDTH
             # (rows, 3, 48, columns*24) -> (rows*columns, 3*48*24), row-major
             cell = strips.reshape(rows, 3, IMAGE_HEIGHT, columns, CELL_WIDTH).permute(0, 3, 1, 2, 4)
             cells.append(cell.reshape(rows * columns, 3 * IMAGE_HEIGHT * CELL_WIDTH))
