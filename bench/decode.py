@@ -206,7 +206,7 @@ def peers(model, processor, items: list[BenchItem], args) -> dict:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gravityocr bench decode", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", help="model directory or hub name (default: the shipped model, else TINY random)")
-    parser.add_argument("--data", help="directory with manifest.jsonl (default: synthetic noise images)")
+    parser.add_argument("--data", help="directory with manifest.jsonl, e.g. data/real (default: synthetic noise images, for random models)")
     parser.add_argument("--batch-sizes", default="1,8,32,64", help="comma-separated (default 1,8,32,64)")
     parser.add_argument("--block-size", type=int, default=32)
     parser.add_argument("--adaptive", action="store_true", help="per-request draft block from its acceptance")

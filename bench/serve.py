@@ -26,7 +26,7 @@ from ..serve.app import build_app
 from ..serve.settings import ServeSettings
 
 PROMPTS = {"text": "Text Recognition:", "table": "Table Recognition:", "formula": "Formula Recognition:"}
-HELDOUT = Path(__file__).resolve().parent.parent / "data" / "heldout"
+REAL = Path(__file__).resolve().parent.parent / "data" / "real"
 
 
 def _free_port() -> int:
@@ -107,7 +107,7 @@ def load_level(url: str, bodies: list[dict], concurrency: int, requests: int, ma
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gravityocr bench serve", description=__doc__)
     parser.add_argument("--model", help="model directory (default: the shipped model)")
-    parser.add_argument("--data", default=str(HELDOUT), help="manifest directory of crops to send")
+    parser.add_argument("--data", default=str(REAL), help="manifest directory of crops to send (default: data/real)")
     parser.add_argument("--concurrency", default="1,8,32")
     parser.add_argument("--requests", type=int, default=64, help="requests per level at most")
     parser.add_argument("--max-seconds", type=float, default=120, help="time per level at most")

@@ -64,9 +64,11 @@ def _formula_items(package: UnpackedPackage, seed: int, limit: int | None) -> It
 
 
 def _text_items(package: UnpackedPackage, seed: int, limit: int | None) -> Iterator[CorpusItem]:
-    from .pdf_text import line_items
+    """Single lines, then multi-line paragraphs (a tenth as many at most)."""
+    from .pdf_text import line_items, paragraph_items
 
     yield from line_items(package, seed, limit)
+    yield from paragraph_items(package, seed, None if limit is None else max(1, limit // 10))
 
 
 def _page_items(package: UnpackedPackage, seed: int, limit: int | None) -> Iterator[CorpusItem]:

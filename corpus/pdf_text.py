@@ -74,6 +74,8 @@ class TextConfig:
     pages_per_file: int = 40  # at most this many pages sampled from one PDF
     min_chars: int = 2
     max_chars: int = 200
+    paragraphs_per_page: int = 2  # at most this many multi-line blocks sampled from one page
+    paragraph_lines: tuple[int, int] = (2, 6)  # lines in a paragraph item
     gap_in_font_sizes: float = 1.6  # a gap wider than this splits a line into segments
 
 
@@ -177,17 +179,18 @@ def render_page(page: pdfium.PdfPage, dpi: int) -> Image.Image:
     return page.render(scale=dpi / 72.0).to_pil().convert("RGB")
 
 
-def crop_segment(image: Image.Image, crop_box: tuple[float, float, float, float], dpi: int, segment: Segment,
-                 rng: random.Random) -> Image.Image | None:
-    """The segment's box (widened to its font's ascent and descent) with a random margin,
-    from tight (a tenth of the font size) to loose (over one font size sideways)."""
+def crop_lines(image: Image.Image, crop_box: tuple[float, float, float, float], dpi: int, lines: list[Segment],
+               rng: random.Random) -> Image.Image | None:
+    """The lines' box (widened to the font's ascent above the first line and descent below the
+    last) with a random margin, from tight (a tenth of the font size) to loose (over one font
+    size sideways)."""
     scale = dpi / 72.0
-    left, _, right, _ = segment.box
-    size = segment.size
+    left, right = min(s.box[0] for s in lines), max(s.box[2] for s in lines)
+    size = lines[0].size
     # The font's own extent around the baseline, whatever the run's letters: ascenders and
-    # descenders of neighbouring lines stay out, this line's own stay in.
-    bottom = segment.baseline - 0.27 * size
-    top = segment.baseline + 0.78 * size
+    # descenders of neighbouring lines stay out, these lines' own stay in.
+    bottom = lines[-1].baseline - 0.27 * size
+    top = lines[0].baseline + 0.78 * size
     vertical = rng.uniform(0.03, 0.18) * size
     horizontal_left = rng.uniform(0.1, 1.2) * size
     horizontal_right = rng.uniform(0.1, 1.2) * size
@@ -242,11 +245,56 @@ def line_items(package: UnpackedPackage, seed: int, limit: int | None = None,
         dpi = rng.randint(*config.dpi_range)
         image = render_page(page, dpi)
         for segment in chosen:
-            crop = crop_segment(image, page.get_cropbox(), dpi, segment, rng)
+            crop = crop_lines(image, page.get_cropbox(), dpi, [segment], rng)
             if crop is None or not has_ink(crop):
                 continue
             source = Source(package.name, relative, package.licence, page=number + 1, renderer=f"pdfium@{dpi}dpi")
             yield CorpusItem("text", crop, segment.text, source)
+            count += 1
+            if limit is not None and count >= limit:
+                return
+
+
+def paragraphs(segments: list[Segment], config: TextConfig = TextConfig()) -> list[list[Segment]]:
+    """Runs of consecutive clean lines that form one block: the same left edge and size, each
+    baseline one regular line step below the last (no heading, no gap, no column change)."""
+    blocks: list[list[Segment]] = []
+    current: list[Segment] = []
+    for segment in segments:
+        if current:
+            last = current[-1]
+            step = last.baseline - segment.baseline
+            joins = (segment.clean and abs(segment.box[0] - current[0].box[0]) <= 0.5 * segment.size
+                     and abs(segment.size - last.size) <= 0.05 * last.size
+                     and 1.0 * last.size <= step <= 1.6 * last.size
+                     and (len(current) < 2 or abs(step - (current[-2].baseline - last.baseline)) <= 0.1 * last.size))
+            if joins and len(current) < config.paragraph_lines[1]:
+                current.append(segment)
+                continue
+            if len(current) >= config.paragraph_lines[0]:
+                blocks.append(current)
+        current = [segment] if segment.clean else []
+    if len(current) >= config.paragraph_lines[0]:
+        blocks.append(current)
+    return blocks
+
+
+def paragraph_items(package: UnpackedPackage, seed: int, limit: int | None = None,
+                    config: TextConfig = TextConfig()) -> Iterator[CorpusItem]:
+    """Multi-line text items (a paragraph's lines, one per target line), deterministic for a seed."""
+    count = 0
+    for relative, number, page, rng in _sampled_pages(package, seed, "paragraphs", config):
+        blocks = paragraphs(page_segments(page, config), config)
+        if not blocks:
+            continue
+        dpi = rng.randint(*config.dpi_range)
+        image = render_page(page, dpi)
+        for block in rng.sample(blocks, min(config.paragraphs_per_page, len(blocks))):
+            crop = crop_lines(image, page.get_cropbox(), dpi, block, rng)
+            if crop is None or not has_ink(crop):
+                continue
+            source = Source(package.name, relative, package.licence, page=number + 1, renderer=f"pdfium@{dpi}dpi")
+            yield CorpusItem("text", crop, "\n".join(s.text for s in block), source)
             count += 1
             if limit is not None and count >= limit:
                 return

@@ -16,7 +16,7 @@ from gravityocr.cli import main
 from gravityocr.corpus.build import BuildConfig, build, build_eval_set
 from gravityocr.corpus.debian import (RESERVED_PACKAGES, ReservedPackage, UnpackedPackage, check_not_reserved,
                                       fetch_package, is_reserved)
-from gravityocr.corpus.pdf_text import line_items, page_items
+from gravityocr.corpus.pdf_text import line_items, page_items, paragraph_items
 from gravityocr.corpus.sources import EVALUATION, TRAINING, check_sources
 from gravityocr.model.metrics import canonicalize_latex
 
@@ -168,3 +168,36 @@ def test_the_evaluation_set_names_its_sources(tmp_path, fixture_package):
     assert len(items) == 3 and all(item.text in LINES for item in items)  # at most 3 lines a page
     assert all(item.source.startswith("fixture-doc:usr/share/doc/fixture-doc/guide.pdf#p1") for item in items)
     assert all(item.image_path.is_file() for item in items)
+
+
+PARAGRAPHS = [["The first paragraph runs over", "four lines set at the usual", "line step of a book page,",
+               "then it ends."],
+              ["A second one follows a gap", "and has three lines", "of its own."]]
+
+
+def test_paragraphs_are_blocks_of_regularly_spaced_lines(tmp_path):
+    """A heading, a four-line paragraph, a gap, a three-line paragraph: two multi-line items
+    whose targets are their lines, one a line; the heading joins neither."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    docs = tmp_path / "usr/share/doc/blocks"
+    docs.mkdir(parents=True)
+    with matplotlib.rc_context({"pdf.fonttype": 42}):
+        figure = plt.figure(figsize=(8.5, 11))
+        figure.text(0.1, 1 - 72 / 792, "A Heading", fontsize=18, family="DejaVu Serif")
+        y = 110.0
+        for block in PARAGRAPHS:
+            for line in block:
+                figure.text(0.1, 1 - y / 792, line, fontsize=12, family="DejaVu Serif")
+                y += 14.4
+            y += 20
+        figure.savefig(docs / "blocks.pdf", format="pdf")
+        plt.close(figure)
+    package = UnpackedPackage("blocks-doc", tmp_path, "MIT")
+    items = list(paragraph_items(package, seed=1))
+    assert sorted(item.text for item in items) == sorted("\n".join(block) for block in PARAGRAPHS)
+    for item in items:
+        assert item.type == "text" and item.image.height > 2 * 12 * 100 / 72  # at least two lines at >= 100 dpi
