@@ -14,12 +14,16 @@ import argparse
 import json
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
 from ..model.joint_loss import JointBatch, backward_in_micro_batches
 from ..model.loading import DEFAULT_MODEL_DIR, load_recognizer
 from ..model.training import CropBatches, TrainConfig
+
+# The training recipes live at the top of a checkout (recipes/), not in the installed package.
+RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
 
 
 def gradient(model, batch: JointBatch, objective, max_tokens: int) -> tuple[list[torch.Tensor], int]:
@@ -30,7 +34,8 @@ def gradient(model, batch: JointBatch, objective, max_tokens: int) -> tuple[list
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", default=str(DEFAULT_MODEL_DIR / "mixed.yaml"), help="training recipe (YAML)")
+    parser.add_argument("--config", default=str(RECIPES_DIR / "05-mixed.yaml"),
+                        help="training recipe (YAML; default: the checkout's recipes/05-mixed.yaml)")
     parser.add_argument("--model", default=str(DEFAULT_MODEL_DIR), help="weights to time")
     parser.add_argument("--steps", type=int, default=3, help="the recipe's batches to time, from --first-step")
     parser.add_argument("--first-step", type=int, default=100)

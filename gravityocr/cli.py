@@ -31,6 +31,7 @@ BENCHMARKS = {
     "decode": ("gravityocr.bench.decode", "AR vs self-speculative decode speed by batch size and content type"),
     "real": ("gravityocr.bench.real", "ours vs rapidocr vs tesseract on data/real: line and page scores, speed"),
     "pages": ("gravityocr.bench.pages", "seconds per page and page score: ours (AR, spec) and peers"),
+    "samples": ("gravityocr.bench.samples", "page score and seconds per bundled sample with a true text (samples/*.md)"),
     "batch": ("gravityocr.bench.batch", "batch job pages/s for 1 and 2 engine actors, AR vs spec, peak memory"),
     "serve": ("gravityocr.bench.serve", "HTTP latency p50/p99 and requests/s by concurrency, AR vs spec"),
     "train-step": ("gravityocr.bench.train_step", "seconds per training step: one padded pass vs micro-batches"),

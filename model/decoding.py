@@ -28,6 +28,7 @@ from .attention import causal_attention_mask, draft_attention_mask
 from .draft_ahead import DraftAhead, RoundOutcome, accepted_prefix
 from .modeling import GravityOcrForConditionalGeneration
 from .processor import EncodedPrompt
+from .stopping import stop_reason
 from .draft_rules import DraftRules
 from .structured_drafts import kept_to_structure
 
@@ -50,20 +51,26 @@ class DecodeStats:
 class DecodeResult:
     token_ids: list[int]  # committed tokens, the eos included when one was produced
     stats: DecodeStats
+    finish_reason: str = "length"  # "eos" | "repetition" | "length" (model/stopping.py)
 
 
 class _Sequence:
     """Committed tokens of one request and the rule for when it is finished."""
 
-    def __init__(self, eos_ids: set[int], max_new_tokens: int, shape=None):
+    def __init__(self, eos_ids: set[int], max_new_tokens: int, task: str, shape=None):
         self.tokens: list[int] = []
         self.eos_ids = eos_ids
         self.max_new_tokens = max_new_tokens
+        self.task = task
         self.shape = shape  # what the committed tokens say of a table or formula (model/structured_drafts.py)
 
     @property
+    def finish_reason(self) -> str | None:
+        return stop_reason(self.tokens, self.eos_ids, self.max_new_tokens, self.task)
+
+    @property
     def finished(self) -> bool:
-        return len(self.tokens) >= self.max_new_tokens or (bool(self.tokens) and self.tokens[-1] in self.eos_ids)
+        return self.finish_reason is not None
 
     def commit(self, tokens: list[int]) -> None:
         for token in tokens:
@@ -131,7 +138,7 @@ def greedy_decode(model, prompt: EncodedPrompt, max_new_tokens: int, eos_ids: se
     check_length(prompt, max_new_tokens, model)
     cache = DynamicCache(config=model.config.text_config)
     logits, position = prefill(model, prompt, cache)
-    sequence = _Sequence(eos_ids, max_new_tokens)
+    sequence = _Sequence(eos_ids, max_new_tokens, prompt.task)
     stats = DecodeStats(forward_passes=1)
     sequence.commit([int(logits.argmax())])
     while not sequence.finished:
@@ -142,7 +149,7 @@ def greedy_decode(model, prompt: EncodedPrompt, max_new_tokens: int, eos_ids: se
         stats.ar_rounds += 1
         sequence.commit([int(logits[-1].argmax())])
     stats.committed_tokens = len(sequence.tokens)
-    return DecodeResult(sequence.tokens, stats)
+    return DecodeResult(sequence.tokens, stats, sequence.finish_reason or "length")
 
 
 @torch.no_grad()
@@ -161,7 +168,8 @@ def speculative_decode(model, prompt: EncodedPrompt, max_new_tokens: int, eos_id
     cache = DynamicCache(config=model.config.text_config)
     logits, position, draft_logits = prefill_with_drafts(model, prompt, cache,
                                                          first_block(block_size, max_new_tokens))
-    sequence = _Sequence(eos_ids, max_new_tokens, draft_rules.shape_for(prompt.task) if draft_rules else None)
+    sequence = _Sequence(eos_ids, max_new_tokens, prompt.task,
+                         draft_rules.shape_for(prompt.task) if draft_rules else None)
     stats = DecodeStats(forward_passes=1)
     sequence.commit([int(logits.argmax())])
     drafts = [] if draft_ahead is not None else kept_to_structure(sequence.shape, draft_logits.argmax(-1).tolist())
@@ -195,7 +203,7 @@ def speculative_decode(model, prompt: EncodedPrompt, max_new_tokens: int, eos_id
         stats.forward_passes += 1
         _accept(sequence, stats, cache, drafts, verify_logits.argmax(-1).tolist())
     stats.committed_tokens = len(sequence.tokens)
-    return DecodeResult(sequence.tokens, stats)
+    return DecodeResult(sequence.tokens, stats, sequence.finish_reason or "length")
 
 
 def _draft_ahead_rounds(model, sequence: _Sequence, stats: DecodeStats, cache: DynamicCache, position: int,

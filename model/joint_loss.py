@@ -68,8 +68,8 @@ class Distillation:
     `teacher_share`: that share of the AR term is the KL from a fixed teacher's AR
     distribution (the starting weights), to hold the verifier's greedy reading where it was
     while the drafter trains (formulas lost 0.01-0.02 in every CPU stage that trained the
-    drafter on smaller blocks, TRAINING.md stages 41-42). Measured at 0.8 (stage 43): it did
-    not hold them (formula 0.967 -> 0.946 at a KL of 0.005-0.01 per token).
+    drafter on smaller blocks, docs/training-log.md stages 41-42). Measured at 0.8 (stage 43):
+    it did not hold them (formula 0.967 -> 0.946 at a KL of 0.005-0.01 per token).
     `draft_share`: that share of the denoising term is the KL from the model's own AR
     distribution for the same token, detached: a draft is accepted when it matches the
     verifier, not the ground truth, and the verifier's full distribution says more than

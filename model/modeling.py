@@ -45,7 +45,7 @@ class GravityOcrForConditionalGeneration(GlmOcrForConditionalGeneration):
             from .strip_vision import StripVisionTower
 
             del self.model.visual
-            self.strip_vision = StripVisionTower(config.text_config.hidden_size)
+            self.strip_vision = StripVisionTower(config.text_config.hidden_size, config.text_config.vocab_size)
         if getattr(config, "mask_token_id", None) is None:
             # A hub GLM-OCR checkpoint has no mask id: use one past the vocabulary, which
             # never collides with a real token and is never looked up in the embedding table.
@@ -64,6 +64,10 @@ class GravityOcrForConditionalGeneration(GlmOcrForConditionalGeneration):
         super()._init_weights(module)
         if module is self:
             self._init_mask_embedding()
+        strip_vision = getattr(self, "strip_vision", None)
+        if strip_vision is not None and module is strip_vision.reading_projection:
+            # a strip checkpoint saved before the reading hint loads as the same function
+            hf_init.zeros_(module.weight)
 
     @property
     def mask_token_id(self) -> int:

@@ -6,6 +6,7 @@ Images go through GLM-OCR's own image processor (the PIL backend of transformers
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +23,12 @@ TASK_PROMPTS = {
     "table": "Table Recognition:",
     "formula": "Formula Recognition:",
 }
+
+# Output budget per crop (OcrProcessor.output_budget): a visual column is 24 px of a line
+# whose glyphs are ~20 px high (strips) or 28 px (GLM-OCR patches); the narrowest glyphs
+# with their spacing take more than 3 px.
+CHARACTERS_PER_COLUMN = 8
+BUDGET_SLACK = 16
 
 # How a prompt wraps the image; "{image}" becomes the visual placeholder tokens.
 CHAR_TEMPLATE = SPECIAL.begin_of_image + "{image}" + SPECIAL.end_of_image + "{task}" + SPECIAL.assistant
@@ -113,6 +120,16 @@ class OcrProcessor:
         before_ids = self.tokenizer.encode(before, add_special_tokens=False)
         after_ids = self.tokenizer.encode(after.format(task=TASK_PROMPTS[task]), add_special_tokens=False)
         return before_ids + [self.tokenizer.convert_tokens_to_ids(self.image_token)] * n_visual + after_ids
+
+    def output_budget(self, prompt: EncodedPrompt) -> int:
+        """The most tokens a crop of this size can hold: CHARACTERS_PER_COLUMN per visual
+        column on each of its lines (a row of visual tokens is half a line: rows of strips
+        overlap by half, and GLM-OCR's 28-px rows are half a 56-px line), plus room for the
+        eos and markup. A crop that reads past this is not reading its image."""
+        _, height, width = (int(v) for v in prompt.image_grid_thw[0])
+        merge = self.image_processor.merge_size
+        lines = max(1, math.ceil(height // merge / 2))
+        return CHARACTERS_PER_COLUMN * (width // merge) * lines + BUDGET_SLACK
 
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)

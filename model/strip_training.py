@@ -29,12 +29,12 @@ from torch import nn
 from .joint_loss import Objective, TrainingSample, backward_in_micro_batches, build_joint_batch
 from .loading import Recognizer, load_recognizer, save_recognizer
 from .metrics import score
-from .modeling import STRIP_TOWER, GravityOcrForConditionalGeneration
+from .modeling import STRIP_TOWER, GravityOcrForConditionalGeneration, vision_tower_of
 from .ppocr_tower import load_ppocr_recognizer as load_tower
 from .processor import EncodedPrompt, OcrProcessor
 from .recipes import read_recipe
 from .schedule import LearningRateSchedule
-from .strip_vision import StripImageProcessor
+from .strip_vision import StripImageProcessor, reading_head_weights
 
 
 @dataclass
@@ -61,6 +61,7 @@ class StripTrainConfig:
     block_size: int = 32
     min_block_size: int = 8
     seed: int = 0
+    reading_hint: bool = True
     threads: int = 1
     checkpoint_every: int = 250
     validate_every: int = 500
@@ -82,21 +83,32 @@ class StripTrainConfig:
 # --- the starting model -------------------------------------------------------------------
 
 def start_model(init_from: str | Path, tower_weights: str | Path) -> Recognizer:
-    """`init_from`'s text side under a fresh strip tower with pretrained PP-OCRv6 weights."""
+    """`init_from`'s text side under a strip tower with pretrained PP-OCRv6 weights. A strip
+    model's own projection is kept (training continues); otherwise the projection is fresh.
+    The reading hint's classifier always comes from `tower_weights`."""
     source = load_recognizer(init_from)
     config = source.model.config
+    continues = vision_tower_of(config) == STRIP_TOWER
     config.vision_tower = STRIP_TOWER
     model = GravityOcrForConditionalGeneration(config)
-    text_side = {k: v for k, v in source.model.state_dict().items() if not k.startswith("model.visual.")}
-    missing, unexpected = model.load_state_dict(text_side, strict=False)
+    kept = {k: v for k, v in source.model.state_dict().items()
+            if not k.startswith(("model.visual.", "strip_vision.reading_"))}
+    missing, unexpected = model.load_state_dict(kept, strict=False)
     if unexpected or any(not k.startswith("strip_vision.") for k in missing):
         raise ValueError(f"text weights do not fit: missing {missing}, unexpected {unexpected}")
     tower = load_tower(tower_weights)
-    model.strip_vision.recognizer.load_state_dict(
+    vision = model.strip_vision
+    vision.recognizer.load_state_dict(
         {k: v for k, v in tower.state_dict().items() if not k.startswith("head.")}, strict=True)
-    with torch.no_grad():  # visual tokens at the scale the decoder's own tokens have
-        model.strip_vision.projection.weight.mul_(0.35)
-        model.strip_vision.projection.bias.zero_()
+    weight, bias = reading_head_weights(tower.head.fc, tower.characters, source.processor.tokenizer.get_vocab(),
+                                        config.text_config.vocab_size)
+    with torch.no_grad():
+        vision.reading_head.weight.copy_(weight)
+        vision.reading_head.bias.copy_(bias)
+        vision.reading_projection.weight.zero_()  # the hint starts as no change
+        if not continues:  # visual tokens at the scale the decoder's own tokens have
+            vision.projection.weight.mul_(0.35)
+            vision.projection.bias.zero_()
     processor = OcrProcessor(source.processor.tokenizer, StripImageProcessor(), source.processor.template,
                              max_context=config.text_config.max_position_embeddings)
     return Recognizer(model.eval(), processor)
@@ -250,8 +262,12 @@ def train(config: StripTrainConfig, log=print) -> Path:
         recognizer = start_model(config.init_from, tower)
         state = None
     model = recognizer.model.train()
-    model.strip_vision.recognizer.requires_grad_(False)
-    projection = list(model.strip_vision.norm.parameters()) + list(model.strip_vision.projection.parameters())
+    vision = model.strip_vision
+    vision.recognizer.requires_grad_(False)
+    vision.reading_head.requires_grad_(False)
+    vision.reading_projection.requires_grad_(config.reading_hint)
+    projection = [p for module in (vision.norm, vision.projection, vision.reading_projection)
+                  for p in module.parameters() if p.requires_grad]
     projected = {id(p) for p in projection}
     rest = [p for n, p in model.named_parameters() if p.requires_grad and id(p) not in projected]
     optimizer = torch.optim.AdamW([{"params": projection, "lr_base": config.projection_learning_rate,

@@ -15,6 +15,14 @@ column per 4 px; per 8 px both are joined (504-d) and three steps make one 24-px
 grid, so GLM-OCR's 3-D rope gives token (row, column) its height and width positions as it
 does for its own vision tower's merged patches.
 
+Reading hint: the pretrained CTC classifier, restricted to the decoder's vocabulary (one
+class per single-character token, plus blank), gives each 8-px step a distribution over
+the characters it reads there; the three distributions of a token are projected and added
+to its embedding. This turns the decoder's hardest job on long lines — finding the
+visual position of the next character — into matching the token it just emitted against
+what the columns read. The classifier is frozen pretrained weights; the hint's projection
+starts at zero, so a model without it is the same function.
+
 The processor hands the engine `pixel_values` of shape (cells, 3·48·24), one 48×24 cell
 per visual token in row-major order, and `image_grid_thw` = (1, 2·rows, 2·columns): the
 shape contract of GLM-OCR's processor (patches concatenated over a batch, a 2×2 merge
@@ -39,8 +47,9 @@ PROCESSOR_TYPE = "StripImageProcessor"
 CELL_WIDTH = 24  # px of a strip per visual token: three 8-px neck steps
 STRIP_STRIDE = 24  # a tall crop's strips start every this many px
 MERGE = 2  # the 2x2 merge GLM-OCR's grid counts in (image_grid_thw is in unmerged patches)
+STEPS_PER_TOKEN = CELL_WIDTH // 8  # the neck's steps are 8 px apart
 FEATURES_PER_STEP = 120 + 384
-FEATURES_PER_TOKEN = FEATURES_PER_STEP * (CELL_WIDTH // 8)
+FEATURES_PER_TOKEN = FEATURES_PER_STEP * STEPS_PER_TOKEN
 
 
 @dataclass
@@ -139,15 +148,40 @@ def cells_to_strips(cells: torch.Tensor, rows: int, columns: int) -> torch.Tenso
     return strips.reshape(rows, 3, IMAGE_HEIGHT, columns * CELL_WIDTH)
 
 
-class StripVisionTower(nn.Module):
-    """PP-OCRv6 backbone + neck (pretrained) and the projection of their 24-px tokens."""
+def reading_head_weights(ctc_head: nn.Linear, characters: list[str], vocab: dict[str, int],
+                         vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The CTC classifier's rows for the decoder's single-character tokens (row `vocab_size`
+    is blank, class 0); tokens it has no class for get a bias that makes them never read."""
+    weight = torch.zeros(vocab_size + 1, ctc_head.in_features)
+    bias = torch.full((vocab_size + 1,), UNREAD_BIAS)
+    classes = {character: index for index, character in enumerate(characters) if index > 0}
+    rows = {token_id: classes[token] for token, token_id in vocab.items() if token in classes}
+    rows[vocab_size] = 0
+    with torch.no_grad():
+        for token_id, index in rows.items():
+            weight[token_id] = ctc_head.weight[index].float()
+            bias[token_id] = ctc_head.bias[index].float()
+    return weight, bias
 
-    def __init__(self, hidden_size: int, tower_config: TowerConfig | None = None):
+
+UNREAD_BIAS = -30.0
+
+
+class StripVisionTower(nn.Module):
+    """PP-OCRv6 backbone + neck (pretrained), the projection of their 24-px tokens and the
+    reading hint (module docstring)."""
+
+    def __init__(self, hidden_size: int, vocab_size: int, tower_config: TowerConfig | None = None):
         super().__init__()
         self.recognizer = PPOCRv6Recognizer(tower_config)
-        del self.recognizer.head  # the CTC classifier is not part of the vision tower
+        del self.recognizer.head  # the CTC classifier over 18,710 classes: restricted below
         self.norm = nn.LayerNorm(FEATURES_PER_TOKEN)
         self.projection = nn.Linear(FEATURES_PER_TOKEN, hidden_size)
+        neck_dim = self.recognizer.config.neck_dim
+        self.reading_head = nn.Linear(neck_dim, vocab_size + 1)
+        self.reading_projection = nn.Linear(STEPS_PER_TOKEN * (vocab_size + 1), hidden_size, bias=False)
+        with torch.no_grad():
+            self.reading_projection.weight.zero_()
 
     def token_features(self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> list[torch.Tensor]:
         """Per image, (rows*columns, 1512) features before the projection (what training caches)."""
@@ -168,7 +202,12 @@ class StripVisionTower(nn.Module):
         return out
 
     def project(self, features: torch.Tensor) -> torch.Tensor:
-        return self.projection(self.norm(features))
+        """(tokens, 1512) features -> (tokens, hidden) visual-token embeddings."""
+        neck_dim = self.recognizer.config.neck_dim
+        steps = features.reshape(features.shape[0], STEPS_PER_TOKEN, FEATURES_PER_STEP)[:, :, :neck_dim]
+        reading = self.reading_head(steps.to(self.reading_head.weight.dtype)).softmax(dim=-1)
+        hint = self.reading_projection(reading.flatten(1).to(self.reading_projection.weight.dtype))
+        return self.projection(self.norm(features)) + hint
 
     def forward(self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> list[torch.Tensor]:
         return [self.project(f) for f in self.token_features(pixel_values, image_grid_thw)]

@@ -67,7 +67,7 @@ class TrainConfig:
     block_size: int = 32
     # share of samples trained in the draft pass's own state: every response token masked in
     # stream A (joint_loss.build_joint_batch); 0 keeps the mask ratio uniform. At 0.5 it did not
-    # raise acceptance on CPU (model/default/TRAINING.md stage 12)
+    # raise acceptance on CPU (docs/training-log.md stage 12)
     draft_ratio_fraction: float = 0.0
     # joint_loss.build_joint_batch: blocks of min_block_size..block_size (0: all block_size),
     # the last block filled up past eos with masks

@@ -118,7 +118,8 @@ def sum_stats(parts: list[dict | None]) -> dict | None:
         "tokens_per_forward": round(tokens / max(1, passes), 4),
         "accepted_per_round": [a for p in parts for a in p["accepted_per_round"]],
         "ar_rounds": sum(p["ar_rounds"] for p in parts),
-        "finish_reason": "length" if any(p["finish_reason"] == "length" for p in parts) else "eos",
+        "finish_reason": next((reason for reason in ("repetition", "length")
+                               if any(p["finish_reason"] == reason for p in parts)), "eos"),
     }
 
 

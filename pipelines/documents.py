@@ -44,6 +44,16 @@ class DocumentError(Exception):
         return {"reason": self.reason, "message": self.message}
 
 
+def limit_message(what: str, amount: int | str, limit: int, unit: str, setting: str) -> str:
+    """The one wording of every size-limit error, here and in the HTTP API:
+    "<what> is <amount> <unit>; the limit is <limit> <unit> (<setting>)", `setting` naming what
+    raises the limit. `unit` is singular ("byte", "page", "pixel"); a count other than 1 gets an s."""
+    def counted(number) -> str:
+        return f"{number} {unit}" if number == 1 else f"{number} {unit}s"
+
+    return f"{what} is {counted(amount)}; the limit is {counted(limit)} ({setting})"
+
+
 @dataclass(frozen=True)
 class DocumentLimits:
     """What one document may ask of us. The pixel limit applies to every page, whether an
@@ -106,7 +116,8 @@ class OpenedDocument:
         if len(data) == 0:
             raise DocumentError(document_id, "empty_file", "the file is empty (0 bytes)")
         if len(data) > limits.max_bytes:
-            raise DocumentError(document_id, "too_large", f"{len(data)} bytes is over the limit of {limits.max_bytes}")
+            raise DocumentError(document_id, "too_large", limit_message("the file", len(data), limits.max_bytes, "byte",
+                                                                        "DocumentLimits.max_bytes"))
         self.format = sniff_format(data)
         if self.format is None:
             raise DocumentError(document_id, "unsupported_format",
@@ -116,7 +127,7 @@ class OpenedDocument:
             self._pdf = _open_pdf(document_id, data)
             self.page_count = len(self._pdf)
         else:
-            self._image = _open_image(document_id, data, self.format)
+            self._image = _open_image(document_id, data, self.format, limits)
             try:
                 self.page_count = getattr(self._image, "n_frames", 1)  # TIFF: walks the frame chain
             except Exception as error:  # noqa: BLE001 - PIL raises many kinds on damaged files
@@ -125,8 +136,9 @@ class OpenedDocument:
         if self.page_count == 0:
             raise DocumentError(document_id, "no_pages", "the document has no pages")
         if self.page_count > limits.max_pages:
-            raise DocumentError(document_id, "too_large",
-                                f"{self.page_count} pages is over the limit of {limits.max_pages}")
+            raise DocumentError(document_id, "too_large", limit_message("the document", self.page_count,
+                                                                        limits.max_pages, "page",
+                                                                        "DocumentLimits.max_pages"))
 
     def pages(self) -> Iterator[Page]:
         if self.format == "pdf":
@@ -167,8 +179,9 @@ class OpenedDocument:
             width, height = frame.size
             if width * height > self.limits.max_page_pixels:
                 raise DocumentError(self.document_id, "too_large",
-                                    f"page {index + 1} is {width}x{height} = {width * height / 1e6:.0f} megapixels, "
-                                    f"over the limit of {self.limits.max_page_pixels / 1e6:.0f}")
+                                    limit_message(f"page {index + 1} ({width}x{height})", width * height,
+                                                  self.limits.max_page_pixels, "pixel",
+                                                  "DocumentLimits.max_page_pixels"))
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", Image.DecompressionBombWarning)
@@ -195,7 +208,7 @@ def _to_rgb(frame: Image.Image) -> Image.Image:
     return frame.convert("RGB")
 
 
-def _open_image(document_id: str, data: bytes, fmt: str) -> Image.Image:
+def _open_image(document_id: str, data: bytes, fmt: str, limits: DocumentLimits) -> Image.Image:
     """Read the header only; every frame's size is checked before its pixels are decoded.
     PIL's own bomb guard (an error over twice `Image.MAX_IMAGE_PIXELS`) stays in place."""
     try:
@@ -203,7 +216,7 @@ def _open_image(document_id: str, data: bytes, fmt: str) -> Image.Image:
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # our own limit decides
             image = Image.open(io.BytesIO(data), formats=[fmt.upper()])
     except Image.DecompressionBombError as error:
-        raise DocumentError(document_id, "too_large", f"the image is too large to decode safely: {error}") from error
+        raise DocumentError(document_id, "too_large", _bomb_message(error, limits)) from error
     except UnidentifiedImageError as error:
         raise DocumentError(document_id, "corrupt", f"starts like a {fmt.upper()} file but is not a valid one") from error
     except Exception as error:  # noqa: BLE001 - PIL raises many kinds on damaged headers
@@ -212,6 +225,16 @@ def _open_image(document_id: str, data: bytes, fmt: str) -> Image.Image:
     if width == 0 or height == 0:
         raise DocumentError(document_id, "corrupt", f"the image is {width}x{height}")
     return image
+
+
+def _bomb_message(error: Image.DecompressionBombError, limits: DocumentLimits) -> str:
+    """PIL refused the header: said as our own limit is, in pixels, naming whichever limit is lower."""
+    pil_limit = 2 * (Image.MAX_IMAGE_PIXELS or 0)
+    limit, setting = ((limits.max_page_pixels, "DocumentLimits.max_page_pixels")
+                      if not pil_limit or limits.max_page_pixels <= pil_limit
+                      else (pil_limit, "twice PIL.Image.MAX_IMAGE_PIXELS"))
+    found = re.search(r"\((\d+) pixels\)", str(error))
+    return limit_message("the image", int(found.group(1)) if found else f"over {pil_limit}", limit, "pixel", setting)
 
 
 # What a failed open means is read from the file itself: pdfium reports its *last* error,
@@ -256,7 +279,8 @@ def read_file(path: str | Path, document_id: str | None = None,
     try:
         size = path.stat().st_size
         if size > limits.max_bytes:
-            raise DocumentError(document_id, "too_large", f"{size} bytes is over the limit of {limits.max_bytes}")
+            raise DocumentError(document_id, "too_large", limit_message("the file", size, limits.max_bytes, "byte",
+                                                                        "DocumentLimits.max_bytes"))
         return document_id, path.read_bytes()
     except OSError as error:
         raise DocumentError(document_id, "unreadable", f"cannot read the file: {error.strerror or error}") from error

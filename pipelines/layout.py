@@ -440,17 +440,21 @@ def _order(regions: list[Region], tolerance: int) -> list[Region]:
         if len(columns) == 1:  # overlapping boxes: fall back to top-left first
             return sorted(regions, key=lambda r: (r.bbox[1], r.bbox[0]))
         return [r for column in columns for r in _order(column, tolerance)]
-    # Consecutive strips that share a column gutter form one multi-column band; a strip
-    # without gutters (a full-width title or figure) stands alone and breaks the columns.
+    # A strip with a column gutter starts a multi-column band, and the strips after it join
+    # the band while a gutter still runs through all of them (a paragraph alone in a strip,
+    # beside the other column's gap, stays in its column); a strip with a region across
+    # every gutter (a full-width title or figure) breaks the columns. Strips without a
+    # gutter of their own before any band (indented items, a term above its description)
+    # are read top to bottom.
     bands: list[tuple[list[Region], list[tuple[int, int]]]] = []
     for strip in strips:
-        gaps = _column_gaps(strip, tolerance)
-        if bands and bands[-1][1] and gaps:
-            shared = _shared(bands[-1][1], gaps)
-            if shared:
-                bands[-1] = (bands[-1][0] + strip, shared)
+        if bands and bands[-1][1]:
+            merged = bands[-1][0] + strip
+            gaps = _column_gaps(merged, tolerance)
+            if gaps:
+                bands[-1] = (merged, gaps)
                 continue
-        bands.append((list(strip), gaps))
+        bands.append((list(strip), _column_gaps(strip, tolerance)))
     ordered: list[Region] = []
     for band, gaps in bands:
         if len(band) == len(regions):  # one band holding every strip: cut it into its columns

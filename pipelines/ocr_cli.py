@@ -2,7 +2,8 @@
 The quickest way for a person to try the product.
 
 Exit status: 0 when every document was read, 1 when some were not (the others are still
-written; one error line per failed document on stderr), 2 when nothing could start
+written; one error line per failed document on stderr, and with `--format json` a record
+per failed document too, its `error` naming the reason), 2 when nothing could start
 (no model, bad arguments).
 """
 
@@ -183,6 +184,8 @@ def run(args) -> int:
                 failed += 1
                 progress.message(f"gravityocr ocr: {result.document_id}: {result.error.reason}: "
                                  f"{result.error.message}")
+                if args.format == "json":  # JSON keeps a record per input: this one names the error
+                    _write(result, args, names[result.document_id])
                 continue
             for page in result.pages:
                 if page.error:

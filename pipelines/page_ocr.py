@@ -36,11 +36,10 @@ class PageOcrConfig:
     dpi: float = 150
     layout: str = "projection"  # see layout.LAYOUT_BACKENDS
     lines: str = "projection"  # see layout.LINE_SPLITTERS
-    # The recogniser reads lines about 56 px tall (two rows of 28-px visual tokens), one
-    # character per ~28 px: line crops are scaled to that height, whatever the page DPI.
-    scale_lines: bool = True
-    line_height: int = 56
-    padding: int = 4  # page pixels of margin around every crop
+    # Page pixels of margin around every crop. Crops keep the page's scale: the recogniser's
+    # processor brings every crop to the scale it reads (one normalisation for every entry
+    # point, so a line reads the same from a page, from `eval` and from serve).
+    padding: int = 4
     batch_pages: int = 8  # pages whose regions form one recogniser call
     limits: DocumentLimits = field(default_factory=DocumentLimits)
 
@@ -185,19 +184,15 @@ class PageOcr:
                     continue
                 if region.type in TEXT_TYPES and reads_lines:
                     for i, line in enumerate(region.lines):
-                        crops.append(_Crop(p, r, i, self._crop(page.image, line, self.config.scale_lines), task))
+                        crops.append(_Crop(p, r, i, self._crop(page.image, line), task))
                 else:
-                    crops.append(_Crop(p, r, None, self._crop(page.image, region.bbox, False), task))
+                    crops.append(_Crop(p, r, None, self._crop(page.image, region.bbox), task))
         return crops
 
-    def _crop(self, image: Image.Image, box: Box, scale: bool) -> Image.Image:
+    def _crop(self, image: Image.Image, box: Box) -> Image.Image:
         pad = self.config.padding
         x0, y0, x1, y1 = box
-        crop = image.crop((max(0, x0 - pad), max(0, y0 - pad), min(image.width, x1 + pad), min(image.height, y1 + pad)))
-        if scale and crop.height != self.config.line_height:
-            factor = self.config.line_height / crop.height
-            crop = crop.resize((max(1, round(crop.width * factor)), self.config.line_height), Image.Resampling.LANCZOS)
-        return crop
+        return image.crop((max(0, x0 - pad), max(0, y0 - pad), min(image.width, x1 + pad), min(image.height, y1 + pad)))
 
     def _assemble(self, page: Page, regions: list[Region], read: list[tuple[_Crop, CropResult]]) -> list[RegionResult]:
         out = []

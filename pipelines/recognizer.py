@@ -23,6 +23,7 @@ from gravityocr.model.decoding import DecodeStats, greedy_decode, speculative_de
 from gravityocr.model.draft_ahead import DraftAhead
 from gravityocr.model.loading import Recognizer, load_recognizer
 from gravityocr.model.processor import TASK_PROMPTS, EncodedPrompt, InvalidInput
+from gravityocr.model.stopping import without_loop
 
 
 def engine_available() -> bool:
@@ -99,7 +100,7 @@ class RecognizerConfig:
 class CropResult:
     text: str
     stats: DecodeStats | None = None
-    finish_reason: str | None = None  # "eos" | "length"
+    finish_reason: str | None = None  # "eos" | "repetition" | "length" (model/stopping.py)
     error: str | None = None  # why this crop was not read (the rest of its page still is)
 
     @property
@@ -163,7 +164,8 @@ class CropRecognizer:
                 results[index] = CropResult("", error=f"crop needs {prompt.length} prompt tokens, more than the "
                                                       f"model's context of {self.context}")
                 continue
-            jobs.append(_Job(index, prompt, min(self.config.max_new_tokens[task], room)))
+            budget = min(self.config.max_new_tokens[task], processor.output_budget(prompt), room)
+            jobs.append(_Job(index, prompt, budget))
         for index, result in self._decode(jobs).items():
             results[index] = result
         return results  # type: ignore[return-value]
@@ -178,6 +180,9 @@ class CropRecognizer:
         return self._decode_one_by_one(jobs)
 
     def _finish(self, token_ids: list[int], stats: DecodeStats, finish_reason: str) -> CropResult:
+        """The crop's text; a loop cut by the stopping rule is shown once (model/stopping.py)."""
+        if finish_reason == "repetition":
+            token_ids = without_loop(token_ids)
         return CropResult(self.recognizer.processor.decode(token_ids), stats, finish_reason)
 
     def _decode_with_engine(self, jobs: list[_Job]) -> dict[int, CropResult]:
@@ -223,6 +228,5 @@ class CropRecognizer:
             except ValueError as error:
                 results[job.index] = CropResult("", error=str(error))
                 continue
-            reason = "eos" if decoded.token_ids and decoded.token_ids[-1] in eos else "length"
-            results[job.index] = self._finish(decoded.token_ids, decoded.stats, reason)
+            results[job.index] = self._finish(decoded.token_ids, decoded.stats, decoded.finish_reason)
         return results

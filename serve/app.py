@@ -75,15 +75,28 @@ def _record_engine_step(stats, finished) -> None:
                               result.stats.forward_passes, result.stats.accepted_per_round, result.stats.ar_rounds)
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+# What raises each size limit, named in its 413 (the settings are the Serve config's `args`).
+UPLOAD_SETTING = "serve setting max_upload_bytes"
+JSON_BODY_SETTING = "serve setting max_upload_bytes, plus a third for base64"
+PAGES_SETTING = "serve setting max_pages"
+
+
+def _too_large(what: str, amount: int | str, limit: int, unit: str, setting: str) -> HTTPProblem:
+    """A 413 worded as every size limit is (`pipelines.documents.limit_message`)."""
+    from ..pipelines.documents import limit_message
+
+    return HTTPProblem(413, limit_message(what, amount, limit, unit, setting))
+
+
+async def _read_body(request: Request, limit: int, setting: str) -> bytes:
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
-        raise HTTPProblem(413, f"the upload of {declared} bytes is over the limit of {limit} bytes")
+        raise _too_large("the request body", int(declared), limit, "byte", setting)
     body = bytearray()
     async for chunk in request.stream():
         body.extend(chunk)
         if len(body) > limit:
-            raise HTTPProblem(413, f"the upload is over the limit of {limit} bytes")
+            raise _too_large("the request body", f"at least {len(body)}", limit, "byte", setting)
     return bytes(body)
 
 
@@ -105,7 +118,7 @@ class _OcrWork:
         except DocumentError as error:
             raise HTTPProblem(DOCUMENT_ERROR_STATUS.get(error.reason, 422), f"{error.reason}: {error.message}") from None
         if document.page_count > settings.max_pages:
-            raise HTTPProblem(413, f"the document has {document.page_count} pages; the limit is {settings.max_pages}")
+            raise _too_large("the document", document.page_count, settings.max_pages, "page", PAGES_SETTING)
         return name, document
 
     async def _upload(self, request: Request) -> tuple[str, bytes]:
@@ -113,18 +126,18 @@ class _OcrWork:
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if content_type == "multipart/form-data":
             declared = request.headers.get("content-length") or "0"
-            if declared.isdigit() and int(declared) > settings.max_upload_bytes + 64 * 1024:
-                raise HTTPProblem(413, f"the upload is over the limit of {settings.max_upload_bytes} bytes")
+            if declared.isdigit() and int(declared) > settings.max_upload_bytes + 64 * 1024:  # room for the form
+                raise _too_large("the upload", int(declared), settings.max_upload_bytes, "byte", UPLOAD_SETTING)
             form = await request.form(max_files=1, max_fields=8, max_part_size=settings.max_upload_bytes)
             upload = form.get("file")
             if upload is None or isinstance(upload, str):
                 raise HTTPProblem(422, "multipart requests need the document in a file field named 'file'")
             data = await upload.read()
             if len(data) > settings.max_upload_bytes:
-                raise HTTPProblem(413, f"the upload is over the limit of {settings.max_upload_bytes} bytes")
+                raise _too_large("the upload", len(data), settings.max_upload_bytes, "byte", UPLOAD_SETTING)
             return upload.filename or "upload", data
         if content_type == "application/json":
-            body = await _read_body(request, settings.max_upload_bytes * 4 // 3 + 4096)
+            body = await _read_body(request, settings.max_upload_bytes * 4 // 3 + 4096, JSON_BODY_SETTING)
             try:
                 parsed = schemas.OcrJsonRequest.model_validate_json(body)
             except ValueError as error:
@@ -136,7 +149,7 @@ class _OcrWork:
             except (binascii.Error, ValueError):
                 raise HTTPProblem(400, "'document' is not valid base64") from None
             if len(data) > settings.max_upload_bytes:
-                raise HTTPProblem(413, f"the document is over the limit of {settings.max_upload_bytes} bytes")
+                raise _too_large("the document", len(data), settings.max_upload_bytes, "byte", UPLOAD_SETTING)
             return parsed.filename or "document", data
         raise HTTPProblem(415, f"unsupported content type {content_type or '(none)'!r}; send multipart/form-data "
                                "with a 'file' field or application/json")
@@ -160,7 +173,7 @@ class _OcrWork:
             "markdown": document_markdown(results),
             "pages": [{"page_number": page.page_number, "markdown": page_markdown(page), "result": page.to_dict()}
                       for page in results],
-            "stats": {"committed_tokens": committed, "forward_passes": passes,
+            "stats": {"committed_tokens": int(committed), "forward_passes": int(passes),
                       "tokens_per_forward": committed / passes if passes else 0.0},
         }
 
@@ -201,7 +214,7 @@ class _ChatWork:
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if content_type != "application/json":
             raise HTTPProblem(415, "chat completions take application/json")
-        body = await _read_body(request, self.service.settings.max_upload_bytes * 4 // 3 + 65536)
+        body = await _read_body(request, self.service.settings.max_upload_bytes * 4 // 3 + 65536, JSON_BODY_SETTING)
         try:
             return schemas.ChatCompletionRequest.model_validate_json(body)
         except ValueError as error:

@@ -28,12 +28,20 @@ class PageOut(BaseModel):
     result: dict[str, Any]  # regions with bbox, type, order, text, decode stats (schemas/ in the repo)
 
 
+class OcrStats(BaseModel):
+    """Decode counts over every region of the document: token and pass counts are integers."""
+
+    committed_tokens: int = Field(description="tokens written, over every region")
+    forward_passes: int = Field(description="model passes that wrote them")
+    tokens_per_forward: float = Field(description="committed_tokens / forward_passes (0 when nothing was decoded)")
+
+
 class OcrResponse(BaseModel):
     document_id: str
     page_count: int
     markdown: str
     pages: list[PageOut]
-    stats: dict[str, float]
+    stats: OcrStats
 
 
 class ImageUrl(BaseModel):

@@ -309,3 +309,51 @@ def test_float32_speculative_equals_greedy(tiny_model_factory, processor, tokeni
     prompt = processor.encode(random_image(6, 84, 56), "text")
     eos = {tokenizer.eos_token_id}
     assert speculative_decode(model, prompt, 40, eos).token_ids == greedy_decode(model, prompt, 40, eos).token_ids
+
+
+# Tiny random models whose greedy output falls into a loop (model seed, image seed, task).
+LOOPING = [(1, 1, "text"), (3, 2, "formula")]
+
+
+@pytest.mark.parametrize("model_seed,image_seed,task", LOOPING)
+def test_a_repetition_loop_stops_every_decoder_at_the_same_token(tiny_model_factory, processor, tokenizer,
+                                                                 model_seed, image_seed, task):
+    from dataclasses import replace
+
+    from gravityocr.model.engine import Engine, EngineConfig, Request
+    from gravityocr.model.stopping import loop_unit
+
+    model = tiny_model_factory(model_seed)
+    prompt = processor.encode(random_image(image_seed, 84, 56), task)
+    eos = {tokenizer.eos_token_id}
+    free_run = greedy_decode(model, replace(prompt, task="table"), 200, eos)  # tables are never cut
+    ar = greedy_decode(model, prompt, 200, eos)
+    assert ar.finish_reason == "repetition" and len(ar.token_ids) < len(free_run.token_ids)
+    assert ar.token_ids == free_run.token_ids[:len(ar.token_ids)]
+    assert loop_unit(ar.token_ids) and not loop_unit(ar.token_ids[:-1])  # cut at the first looping token
+    for draft_ahead in (None, DraftAhead()):
+        spec = speculative_decode(model, prompt, 200, eos, block_size=32, draft_ahead=draft_ahead)
+        assert (spec.token_ids, spec.finish_reason) == (ar.token_ids, "repetition")
+    for mode, draft_ahead in (("spec", None), ("ar", None), ("spec", DraftAhead(4, 0.5))):
+        engine = Engine(model, EngineConfig(mode=mode, draft_ahead=draft_ahead, dtype=torch.float64, max_seq_len=512,
+                                            num_threads=1), eos)
+        [result] = engine.generate([Request("loop", prompt, 200)])
+        assert (result.token_ids, result.finish_reason) == (ar.token_ids, "repetition"), mode
+
+
+def test_the_loop_rule_spares_leaders_rules_and_tables():
+    from gravityocr.model.stopping import loop_unit, stop_reason, without_loop
+
+    def ids(text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+    looping = ids("Hello or an or an or an or an or an or an ")
+    assert loop_unit(looping) == 6
+    assert without_loop(looping) == ids("Hello or an ")
+    assert stop_reason(looping, set(), 1000, "text") == "repetition"
+    assert stop_reason(looping, set(), 1000, "table") is None  # empty cells repeat in real tables
+    for fine in ("Contents . . . . . . . . . . . . . . . . . . . . 5", "." * 60, "-" * 60, "ab" * 30,
+                 "The loop rule reads a real sentence of sixty characters fine."):
+        assert loop_unit(ids(fine)) == 0, fine
+        assert stop_reason(ids(fine), set(), 1000, "text") is None
+    assert stop_reason(looping, set(ids(" ")), 1000, "text") == "eos"  # eos first

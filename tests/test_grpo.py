@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -105,10 +106,14 @@ def test_bad_grpo_config_is_a_clear_error(tmp_path):
         GrpoConfig.from_file(bad)
 
 
-@pytest.mark.parametrize("recipe", sorted(path.name for path in DEFAULT_MODEL_DIR.glob("grpo*.yaml")))
-def test_the_shipped_grpo_recipes_are_valid_configs(recipe):
-    config = GrpoConfig.from_file(DEFAULT_MODEL_DIR / recipe)
+LINEAGE_GRPO_RECIPES = sorted((Path(__file__).resolve().parents[1] / "recipes").glob("[0-9][0-9]-*grpo*.yaml"))
+
+
+@pytest.mark.parametrize("recipe", LINEAGE_GRPO_RECIPES, ids=lambda path: path.name)
+def test_the_lineage_grpo_recipes_are_valid_configs(recipe):
+    config = GrpoConfig.from_file(recipe)
     assert config.group_size >= 2 and {source.kind for source in config.sources} >= {None, "formula"}
+    assert config.init_from.startswith("runs/")  # the stage before, not the shipped (now another) model
 
 
 def test_the_drafter_term_trains_the_drafter_on_true_targets(tmp_path):

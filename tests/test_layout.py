@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from PIL import Image, ImageDraw
@@ -137,3 +139,36 @@ def test_rapid_layout_and_rapidocr_lines_run_offline():
     # every truth region's ink is covered by some detected region (missed ink is filled in)
     for truth in page.regions:
         assert any(_iou(r.bbox, truth.bbox) > 0 for r in regions), truth
+
+
+def test_reading_order_a_paragraph_below_the_other_columns_end_stays_in_its_column():
+    # samples/columns.jpg: the left column's last paragraph starts below the right column's
+    # end, so a horizontal gap crosses the page above it; it is still the left column's.
+    regions = _boxes(
+        ("title", (112, 158, 563, 188)),
+        ("text", (110, 246, 587, 327)), ("text", (110, 368, 587, 486)),
+        ("text", (651, 246, 1114, 300)), ("text", (651, 336, 1112, 422)), ("text", (651, 458, 1112, 512)),
+        ("text", (111, 522, 545, 640)),
+        ("text", (110, 700, 1110, 760)),  # a full-width paragraph after the columns
+    )
+    ordered = reading_order(list(reversed(regions)))
+    assert [r.bbox[:2] for r in ordered] == [(112, 158), (110, 246), (110, 368), (111, 522), (651, 246),
+                                             (651, 336), (651, 458), (110, 700)]
+
+
+def test_reading_order_of_indented_items_without_columns_is_top_to_bottom():
+    # a term above its indented description, twice: no column gutter runs through a strip
+    regions = _boxes(("text", (100, 100, 300, 130)), ("text", (400, 150, 900, 180)),
+                     ("text", (100, 200, 300, 230)), ("text", (400, 250, 900, 280)))
+    assert [r.bbox[1] for r in reading_order(list(reversed(regions)))] == [100, 150, 200, 250]
+
+
+@pytest.mark.parametrize("backend", ["projection", "rapid"])
+def test_the_columns_sample_reads_in_column_order(backend):
+    image = Image.open(Path(__file__).parents[1] / "samples" / "columns.jpg").convert("RGB")
+    regions = layout_page(image, make_layout(backend), make_line_splitter("projection"))
+    body = [r for r in regions if r.type not in ("header", "footer", "title")]
+    lefts = [r.bbox[0] < image.width / 2 for r in body]
+    assert lefts == sorted(lefts, reverse=True)  # every left-column region before every right-column one
+    tops = [r.bbox[1] for r, left in zip(body, lefts) if left]
+    assert tops == sorted(tops)

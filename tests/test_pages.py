@@ -9,6 +9,9 @@ The recogniser is a tiny random model: it reads nothing, so these tests check st
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import jsonschema
@@ -337,3 +340,51 @@ def test_cli_refuses_bad_decoding_settings_clearly(tmp_path, tiny_model_dir, cap
     code, _, stderr = _cli([str(page), "--model", str(tiny_model_dir), "--draft-ahead", "8",
                             "--draft-ahead-max-batch", "-1"], capsys)
     assert code == 2 and "draft_ahead_max_batch must be at least 0" in stderr
+
+
+def test_cli_json_writes_an_error_record_for_a_bad_file_among_good_ones(tmp_path, tiny_model_dir, capsys):
+    sample = Path(__file__).resolve().parents[1] / "samples" / "notice.png"
+    cut = tmp_path / "cut.png"
+    cut.write_bytes(sample.read_bytes()[:2000])  # a real PNG cut short: its header reads, its pixels do not
+    argv = [str(sample), str(cut), str(sample), "--model", str(tiny_model_dir), "--format", "json",
+            "--max-new-tokens", str(MAX_NEW_TOKENS), "--no-progress"]
+    code, stdout, stderr = _cli(argv, capsys)
+    assert code == 1 and f"{cut}: corrupt:" in stderr
+    records = [json.loads(line) for line in stdout.splitlines()]
+    assert [r["document_id"] for r in records] == [str(sample), str(cut), str(sample)]
+    validator = _validator("document")
+    for record in records:
+        validator.validate(record)
+    good, bad, again = records
+    assert bad["error"]["reason"] == "corrupt" and bad["error"]["message"] and bad["pages"] == []
+    assert good["error"] is None and again["error"] is None and good["format"] == "png"
+    assert good["page_count"] == 1 and good["pages"][0]["regions"]
+    assert _untimed(good) == _untimed(again)  # the bad file between them changed nothing of theirs
+    # with --out: one .json per input, the bad one's naming its error
+    out = tmp_path / "out"
+    code, _, _ = _cli([str(sample), str(cut), *argv[3:], "--out", str(out)], capsys)
+    assert code == 1 and sorted(p.name for p in out.iterdir()) == ["cut.json", "notice.json"]
+    assert json.loads((out / "cut.json").read_text())["error"]["reason"] == "corrupt"
+    assert _untimed(json.loads((out / "notice.json").read_text())) == _untimed(good)
+
+
+def _untimed(document: dict) -> dict:
+    """A document record without its wall-clock timings, which differ from run to run."""
+    return {**document, "pages": [{k: v for k, v in page.items() if k != "seconds"} for page in document["pages"]]}
+
+
+ERROR_LINE = re.compile(r"\b(ERROR|CRITICAL|FATAL)\b|^\[E[ :]|^E\d{4} |Traceback \(most recent call last\)", re.M)
+
+
+@pytest.mark.skipif(not ocr_cli.has_weights(ocr_cli.default_model_path()), reason="no default model in model/default")
+@pytest.mark.timeout(300)
+def test_healthy_run_logs_no_error_line():
+    """`gravityocr ocr samples/notice.png` as a newcomer runs it (its own process, the
+    default model): markdown on stdout and no error-level line on stderr from Ray,
+    transformers, onnxruntime or our code."""
+    sample = Path(__file__).resolve().parents[1] / "samples" / "notice.png"
+    run = subprocess.run([sys.executable, "-m", "gravityocr.cli", "ocr", str(sample)], capture_output=True, text=True,
+                         timeout=280)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip()
+    assert not ERROR_LINE.search(run.stderr), run.stderr

@@ -104,6 +104,12 @@ def test_png_and_two_page_pdf_round_trip_as_the_library_reads_them(served):
     assert body["markdown"].index("<!-- page 1 -->") < body["markdown"].index("<!-- page 2 -->")
     assert [p["result"]["regions"] for p in body["pages"]] == _in_process_markdown(served["model_dir"], "two.pdf", pdf)
     assert body["stats"]["forward_passes"] > 0
+    # token and pass counts are integers in the JSON (not 12.0), the ratio a float
+    assert isinstance(body["stats"]["committed_tokens"], int) and isinstance(body["stats"]["forward_passes"], int)
+    assert isinstance(body["stats"]["tokens_per_forward"], float)
+    region_stats = [r["stats"] for p in body["pages"] for r in p["result"]["regions"] if r.get("stats")]
+    assert region_stats and all(isinstance(s[k], int) for s in region_stats
+                                for k in ("committed_tokens", "forward_passes"))
 
 
 def test_s3_uri_only_from_allowed_buckets(served, s3_endpoint):
@@ -183,9 +189,14 @@ def test_auth_on_and_off(served):
 
 BAD_REQUESTS = [
     # (route, kwargs for httpx.post, status, words the message must contain)
-    ("/strict/v1/ocr", {"files": {"file": ("big.png", b"\x89PNG" + b"0" * (SMALL_UPLOAD + 10), "image/png")}}, 413, "limit"),
+    ("/strict/v1/ocr", {"files": {"file": ("big.png", b"\x89PNG" + b"0" * (SMALL_UPLOAD + 10), "image/png")}}, 413,
+     f"the upload is {SMALL_UPLOAD + 14} bytes; the limit is {SMALL_UPLOAD} bytes (serve setting max_upload_bytes)"),
     ("/strict/v1/ocr", {"content": json.dumps({"document": base64.b64encode(b"x" * (SMALL_UPLOAD + 10)).decode()}),
-                        "headers": {"content-type": "application/json"}}, 413, "limit"),
+                        "headers": {"content-type": "application/json"}}, 413,
+     f"the document is {SMALL_UPLOAD + 10} bytes; the limit is {SMALL_UPLOAD} bytes (serve setting max_upload_bytes)"),
+    ("/strict/v1/ocr", {"content": b"x" * (SMALL_UPLOAD * 2), "headers": {"content-type": "application/json"}}, 413,
+     f"the request body is {SMALL_UPLOAD * 2} bytes; the limit is {SMALL_UPLOAD * 4 // 3 + 4096} bytes "
+     "(serve setting max_upload_bytes, plus a third for base64)"),
     ("/v1/ocr", {"content": b"hello", "headers": {"content-type": "text/plain"}}, 415, "content type"),
     ("/v1/ocr", {"files": {"file": ("notes.png", b"just some text, not a picture", "image/png")}}, 415, "unsupported_format"),
     ("/v1/ocr", {"files": {"file": ("empty.pdf", b"", "application/pdf")}}, 400, "empty"),
@@ -216,7 +227,8 @@ def test_page_count_limit(served):
     pdf = buffer.getvalue()  # two small pages, under the strict app's upload limit
     response = httpx.post(f"{served['url']}/strict/v1/ocr", files={"file": ("two.pdf", pdf, "application/pdf")},
                           timeout=60)
-    assert response.status_code == 413 and "limit is 1" in response.text
+    assert response.status_code == 413
+    assert response.json()["error"]["message"] == "the document is 2 pages; the limit is 1 page (serve setting max_pages)"
 
 
 LONG_DECODE = 4000  # new tokens per crop: seconds of decoding for the tiny model (5-7 s measured here)

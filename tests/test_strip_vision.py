@@ -4,6 +4,8 @@ model saves and loads with its processor, and every decoding path stays exact wi
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from PIL import Image, ImageDraw, ImageFont
@@ -117,3 +119,22 @@ def test_every_decoding_path_is_exact_with_the_strip_tower(strip_recognizer):
         results = {r.request_id: r.token_ids for r in engine.generate(
             [Request(str(i), prompt, 24) for i, prompt in enumerate(prompts)])}
         assert [results[str(i)] for i in range(len(prompts))] == greedy
+
+
+def test_the_output_budget_holds_every_real_item_and_bounds_a_short_line(strip_recognizer):
+    """The budget a crop's size allows (OcrProcessor.output_budget) is never shorter than the
+    true text of the committed real-document items, and a short word gets a short budget."""
+    from gravityocr.model.manifest import read_manifest
+
+    processor = strip_recognizer.processor
+    items = read_manifest(Path(__file__).parents[1] / "data" / "real")
+    assert len(items) > 400
+    for item in items:
+        if item.type == "page":
+            continue
+        prompt = processor.encode(item.load_image(), item.type)
+        needed = len(processor.tokenizer.encode(item.text, add_special_tokens=False)) + 1
+        assert processor.output_budget(prompt) >= needed, item.id
+    word = Image.new("RGB", (120, 40), "white")
+    ImageDraw.Draw(word).text((8, 10), "word", fill="black")
+    assert processor.output_budget(processor.encode(word, "text")) <= 150

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from gravityocr.cli import main
-from gravityocr.model.loading import DEFAULT_MODEL_DIR
 from gravityocr.model.schedule import REPLAN_EVERY, TIME_BUDGET_WINDOW, LearningRateSchedule, TimeBudget
 from gravityocr.model.training import CurriculumPhase, TrainConfig, Trainer
+
+# The stages that trained the previous default (docs/training-log.md), in order: 01-*.yaml ...
+LINEAGE_RECIPES = sorted((Path(__file__).resolve().parents[1] / "recipes").glob("[0-9][0-9]-*.yaml"))
 
 CONFIG_YAML = """
 size: tiny
@@ -248,11 +251,17 @@ def test_a_phase_can_restrict_its_stage_to_one_content_type(tmp_path):
         TrainConfig(curriculum=[CurriculumPhase("fonts-8-20", 1, kind="table")]).validate()
 
 
-@pytest.mark.parametrize("recipe", sorted(path.name for path in DEFAULT_MODEL_DIR.glob("*.yaml")
-                                           if not path.name.startswith("grpo")))
-def test_the_shipped_models_recipes_are_valid_configs(recipe):
-    config = TrainConfig.from_file(DEFAULT_MODEL_DIR / recipe)
+@pytest.mark.parametrize("recipe", [path for path in LINEAGE_RECIPES if "grpo" not in path.name],
+                         ids=lambda path: path.name)
+def test_the_lineage_recipes_are_valid_configs(recipe):
+    config = TrainConfig.from_file(recipe)
     assert config.size == "small" and config.curriculum
+    # each stage starts from the stage before it (the first from scratch), never from
+    # model/default, which now holds another model
+    if recipe.name.startswith("01-"):
+        assert config.init_from is None
+    else:
+        assert config.init_from.startswith("runs/")
 
 
 def test_a_recipe_extends_another_and_overrides_whole_settings(tmp_path):
@@ -288,14 +297,14 @@ def test_a_recipe_that_extends_wrongly_is_refused_with_the_file_named(tmp_path):
         TrainConfig.from_file(first)
 
 
-def test_no_two_shipped_recipes_write_to_the_same_run_directory():
+def test_no_two_lineage_recipes_write_to_the_same_run_directory():
     from gravityocr.model.grpo import GrpoConfig
 
     output_dirs = {}
-    for recipe in sorted(DEFAULT_MODEL_DIR.glob("*.yaml")):
-        settings_type = GrpoConfig if recipe.name.startswith("grpo") else TrainConfig
+    for recipe in LINEAGE_RECIPES:
+        settings_type = GrpoConfig if "grpo" in recipe.name else TrainConfig
         output_dirs.setdefault(settings_type.from_file(recipe).output_dir, []).append(recipe.name)
-    assert len(output_dirs) > 30
+    assert len(LINEAGE_RECIPES) == 16  # 01-train.yaml ... 16-realign-text.yaml
     assert {d: names for d, names in output_dirs.items() if len(names) > 1} == {}
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from ..decoding import DecodeStats
 from ..processor import EncodedPrompt
+from ..stopping import stop_reason
 
 
 @dataclass
@@ -31,7 +32,7 @@ class RequestResult:
     request_id: str
     token_ids: list[int]  # committed tokens, the eos included when one was produced
     text: str | None  # decoded when the engine was given a tokenizer or processor
-    finish_reason: str  # "eos" | "length"
+    finish_reason: str  # "eos" | "repetition" | "length" (model/stopping.py)
     stats: DecodeStats
     timings: RequestTimings
     task: str = "text"  # the prompt's content type (metrics group decode figures by it)
@@ -68,8 +69,13 @@ class Sequence:
         return self.request.max_new_tokens
 
     @property
+    def finish_reason(self) -> str | None:
+        """model/stopping.py's rule, the one the reference decoders apply."""
+        return stop_reason(self.tokens, self.eos_ids, self.max_new_tokens, self.request.prompt.task)
+
+    @property
     def finished(self) -> bool:
-        return len(self.tokens) >= self.max_new_tokens or (bool(self.tokens) and self.tokens[-1] in self.eos_ids)
+        return self.finish_reason is not None
 
     @property
     def x_position(self) -> int:
@@ -99,6 +105,5 @@ class Sequence:
 
     def result(self, text: str | None) -> RequestResult:
         self.stats.committed_tokens = len(self.tokens)
-        reason = "eos" if self.tokens and self.tokens[-1] in self.eos_ids else "length"
-        return RequestResult(self.request.request_id, list(self.tokens), text, reason, self.stats, self.timings,
-                             self.request.prompt.task)
+        return RequestResult(self.request.request_id, list(self.tokens), text, self.finish_reason or "length",
+                             self.stats, self.timings, self.request.prompt.task)
