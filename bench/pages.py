@@ -32,7 +32,8 @@ from pathlib import Path
 
 from PIL import Image
 
-from gravityocr.pipelines.layout import LAYOUT_BACKENDS, layout_page, make_layout, make_line_splitter
+from gravityocr.pipelines.layout import LAYOUT_BACKENDS, LINE_SPLITTERS, layout_page, make_layout, make_line_splitter
+from gravityocr.pipelines.page_ocr import PageOcrConfig
 from gravityocr.pipelines.synthetic_pages import sample_pages
 
 # Born-digital PDFs with a text layer that Debian installs with common packages.
@@ -243,7 +244,7 @@ def measure_layout(pages: list[BenchPage], name: str) -> dict:
         backend = make_layout(name)
     except ImportError as error:
         return {"layout": name, "skipped": str(error)}
-    lines = make_line_splitter("projection")
+    lines = make_line_splitter(PageOcrConfig.lines)
     layout_page(pages[0].image, backend, lines)  # warm-up
     seconds, truths, matched, same_type, exact = 0.0, 0, 0, 0, 0
     synthetic = [p for p in pages if p.truth_types]
@@ -276,10 +277,10 @@ def parse_args(argv):
     parser.add_argument("--pages", type=int, default=6, help="synthetic pages (default: 6)")
     parser.add_argument("--pdf", nargs="*", default=None, help="real PDFs (default: Debian docs when present)")
     parser.add_argument("--pdf-pages", type=int, default=2, help="pages taken from each PDF (default: 2)")
-    parser.add_argument("--dpi", type=float, default=150)
+    parser.add_argument("--dpi", type=float, default=PageOcrConfig.dpi)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--layout", choices=LAYOUT_BACKENDS, default="projection")
-    parser.add_argument("--lines", default="projection")
+    parser.add_argument("--layout", choices=LAYOUT_BACKENDS, default=PageOcrConfig.layout)
+    parser.add_argument("--lines", choices=LINE_SPLITTERS, default=PageOcrConfig.lines)
     parser.add_argument("--batch-pages", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=None,
                         help="cap per crop (default: none; 16 with --random)")

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gravityocr.model.metrics import score
+from gravityocr.pipelines.page_ocr import PageOcrConfig
 
 SAMPLES = Path(__file__).resolve().parents[1] / "samples"  # documents only: the main job's input
 TRUE_TEXTS = Path(__file__).resolve().parents[1] / "data" / "samples"  # <document stem>.md, README.md
@@ -103,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
                              "also write them there)")
     parser.add_argument("--mode", choices=("spec", "ar"), default="spec",
                         help="self-speculative or plain AR decoding; the text is the same (default: spec)")
-    parser.add_argument("--dpi", type=float, default=150, help="PDF render resolution (default: 150)")
+    parser.add_argument("--dpi", type=float, default=PageOcrConfig.dpi, help="PDF render resolution")
     parser.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import transformers
 
-    from gravityocr.pipelines.page_ocr import PageOcr, PageOcrConfig
+    from gravityocr.pipelines.page_ocr import PageOcr
     from gravityocr.pipelines.recognizer import CropRecognizer, RecognizerConfig
 
     transformers.utils.logging.disable_progress_bar()

@@ -61,7 +61,6 @@ class StripTrainConfig:
     block_size: int = 32
     min_block_size: int = 8
     seed: int = 0
-    reading_hint: bool = True
     threads: int = 1
     checkpoint_every: int = 250
     validate_every: int = 500
@@ -84,15 +83,16 @@ class StripTrainConfig:
 
 def start_model(init_from: str | Path, tower_weights: str | Path) -> Recognizer:
     """`init_from`'s text side under a strip tower with pretrained PP-OCRv6 weights. A strip
-    model's own projection is kept (training continues); otherwise the projection is fresh.
-    The reading hint's classifier always comes from `tower_weights`."""
+    model's own projections are kept (training continues; one saved before the reading hint
+    existed loads with the hint's projection at zero); otherwise they start fresh, the
+    hint's at zero. The reading hint's classifier always comes from `tower_weights`."""
     source = load_recognizer(init_from)
     config = source.model.config
     continues = vision_tower_of(config) == STRIP_TOWER
     config.vision_tower = STRIP_TOWER
     model = GravityOcrForConditionalGeneration(config)
     kept = {k: v for k, v in source.model.state_dict().items()
-            if not k.startswith(("model.visual.", "strip_vision.reading_"))}
+            if not k.startswith(("model.visual.", "strip_vision.reading_head."))}
     missing, unexpected = model.load_state_dict(kept, strict=False)
     if unexpected or any(not k.startswith("strip_vision.") for k in missing):
         raise ValueError(f"text weights do not fit: missing {missing}, unexpected {unexpected}")
@@ -105,7 +105,6 @@ def start_model(init_from: str | Path, tower_weights: str | Path) -> Recognizer:
     with torch.no_grad():
         vision.reading_head.weight.copy_(weight)
         vision.reading_head.bias.copy_(bias)
-        vision.reading_projection.weight.zero_()  # the hint starts as no change
         if not continues:  # visual tokens at the scale the decoder's own tokens have
             vision.projection.weight.mul_(0.35)
             vision.projection.bias.zero_()
@@ -265,7 +264,6 @@ def train(config: StripTrainConfig, log=print) -> Path:
     vision = model.strip_vision
     vision.recognizer.requires_grad_(False)
     vision.reading_head.requires_grad_(False)
-    vision.reading_projection.requires_grad_(config.reading_hint)
     projection = [p for module in (vision.norm, vision.projection, vision.reading_projection)
                   for p in module.parameters() if p.requires_grad]
     projected = {id(p) for p in projection}

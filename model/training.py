@@ -281,10 +281,11 @@ def build_fresh_recognizer(config: TrainConfig) -> Recognizer:
 
 def parameter_groups(model: GravityOcrForConditionalGeneration, config: TrainConfig) -> list[dict]:
     """GLM-OCR's vision tower trains at `vision_lr_scale`; the pretrained PP-OCRv6 strip
-    tower stays frozen (only its projection into the decoder trains)."""
+    tower and its reading classifier stay frozen (only their projections into the decoder
+    train)."""
     vision_weights, decoder = [], []
     for name, parameter in model.named_parameters():
-        if name.startswith("strip_vision.recognizer."):
+        if name.startswith(("strip_vision.recognizer.", "strip_vision.reading_head.")):
             parameter.requires_grad_(False)
         elif name.startswith("model.visual."):
             if name.endswith(".bias"):

@@ -4,14 +4,21 @@
 Markdown: the first title of a document is `#`, later ones `##`; paragraphs are their
 lines joined, a word hyphenated across a line break joined back ("recog-" + "nition");
 tables stay the HTML the recogniser writes; formulas are `$$ ... $$` blocks; figures are
-image links, never read; running headers and footers are left out of the markdown (they
-are in the JSON).
+never read: with an output folder they are image links to the crops written beside the
+markdown (`figure_prefix`), without one they are left out (their box stays in the JSON),
+so no link ever points at a file that was not written; running headers and footers are
+left out of the markdown (they are in the JSON).
+
+One document, one markdown: `gravityocr batch`, `gravityocr ocr` and serve's /v1/ocr all
+build a document's markdown with `document_markdown` and its per-page pieces with
+`page_markdowns` (the document markdown is their join), and its JSON with `document_json`.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from urllib.parse import quote
 
 from PIL import Image
 
@@ -31,6 +38,10 @@ class LineResult:
 
     def to_dict(self) -> dict:
         return {"bbox": list(self.bbox), "text": self.text, "stats": self.stats, "error": self.error}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "LineResult":
+        return cls(tuple(data["bbox"]), data["text"], data.get("stats"), data.get("error"))
 
 
 @dataclass
@@ -53,6 +64,13 @@ class RegionResult:
             "stats": self.stats, "error": self.error,
         }
 
+    @classmethod
+    def from_dict(cls, data: dict) -> "RegionResult":
+        """The inverse of `to_dict` (a figure's crop is not in the JSON: `image` is None)."""
+        return cls(data["order"], data["type"], tuple(data["bbox"]), data.get("score", 1.0), data.get("task"),
+                   data.get("text"), [LineResult.from_dict(line) for line in data.get("lines") or []],
+                   data.get("stats"), data.get("error"))
+
 
 @dataclass
 class PageResult:
@@ -74,6 +92,13 @@ class PageResult:
             "seconds": {name: round(value, 4) for name, value in self.seconds.items()},
             "error": self.error,
         }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "PageResult":
+        """The inverse of `to_dict`: a page back from its JSON (a batch job's `regions_json`)."""
+        return cls(data["document_id"], data["page_number"], data["width"], data["height"], data.get("dpi"),
+                   data["layout_backend"], [RegionResult.from_dict(region) for region in data.get("regions") or []],
+                   dict(data.get("seconds") or {}), data.get("error"))
 
     def text(self, include_furniture: bool = False) -> str:
         """Plain text in reading order, figures left out: what a page score compares."""
@@ -134,15 +159,43 @@ def _escape(paragraph: str) -> str:
 
 
 def figure_name(page_number: int, region: RegionResult) -> str:
+    """A figure's file name, the same from every entry point: p<page>-r<order>.png."""
     return f"p{page_number}-r{region.order}.png"
 
 
-def region_markdown(region: RegionResult, page_number: int, top_title: bool, figure_prefix: str = "") -> str:
+def figures_folder(name: str) -> str:
+    """The folder beside `<name>.md` that holds its figures."""
+    return f"{name}_figures"
+
+
+def figure_prefix_for(name: str) -> str:
+    """The `figure_prefix` of `<name>.md` whose figures are written to `figures_folder(name)`
+    beside it: a relative link, percent-encoded (a name may hold spaces or `#`)."""
+    return quote(figures_folder(name)) + "/"
+
+
+def figure_crops(pages: list[PageResult]) -> list[tuple[str, Image.Image]]:
+    """(file name, crop) of every figure of the pages whose crop is at hand."""
+    return [(figure_name(page.page_number, region), region.image) for page in pages for region in page.regions
+            if region.type == "figure" and region.image is not None]
+
+
+def figure_png(image: Image.Image) -> bytes:
+    """A figure's file: one PNG writer for every entry point."""
+    from gravityocr.model.manifest import png_bytes
+
+    return png_bytes(image)
+
+
+def region_markdown(region: RegionResult, page_number: int, top_title: bool,
+                    figure_prefix: str | None = None) -> str | None:
+    """One block of markdown, or None for a figure when there is no output folder
+    (`figure_prefix` None): no link to a file that is never written."""
     if region.error and not region.text:
         return f"<!-- page {page_number} region {region.order} ({region.type}) not read: {region.error} -->"
     text = (region.text or "").strip()
     if region.type == "figure":
-        return f"![figure]({figure_prefix}{figure_name(page_number, region)})"
+        return None if figure_prefix is None else f"![figure]({figure_prefix}{figure_name(page_number, region)})"
     if region.type == "title":
         return ("# " if top_title else "## ") + " ".join(text.split())
     if region.type == "table":
@@ -152,28 +205,52 @@ def region_markdown(region: RegionResult, page_number: int, top_title: bool, fig
     return _escape(text)
 
 
-def page_markdown(page: PageResult, title_seen: bool = False, figure_prefix: str = "",
-                  include_furniture: bool = False) -> str:
-    """Markdown of one page. `title_seen`: an earlier page already had the document's `#`."""
+def _page_body(page: PageResult, title_seen: bool, figure_prefix: str | None,
+               include_furniture: bool) -> tuple[str, bool]:
+    """A page's markdown, and whether the document's `#` has been written once it is done."""
     blocks = [f"<!-- page {page.page_number} not read: {page.error} -->"] if page.error else []
     for region in page.regions:
         if region.type in ("header", "footer") and not include_furniture:
             continue
         if region.type != "figure" and not region.error and not (region.text or "").strip():
             continue  # nothing was read: no empty paragraph
-        top = region.type == "title" and not title_seen
-        title_seen = title_seen or top
-        blocks.append(region_markdown(region, page.page_number, top, figure_prefix))
-    return "\n\n".join(blocks)
+        heading = region.type == "title" and bool((region.text or "").strip())  # an unread title is a comment
+        block = region_markdown(region, page.page_number, heading and not title_seen, figure_prefix)
+        title_seen = title_seen or heading
+        if block is not None:
+            blocks.append(block)
+    return "\n\n".join(blocks), title_seen
 
 
-def document_markdown(pages: list[PageResult], figure_prefix: str = "", include_furniture: bool = False) -> str:
-    """Pages in order; a page marker comment before each page of a multi-page document."""
-    parts = []
-    title_seen = False
+def page_markdown(page: PageResult, title_seen: bool = False, figure_prefix: str | None = None,
+                  include_furniture: bool = False) -> str:
+    """Markdown of one page read alone. `title_seen`: an earlier page already had the
+    document's `#`. The pages of a document: `page_markdowns`."""
+    return _page_body(page, title_seen, figure_prefix, include_furniture)[0]
+
+
+def page_markdowns(pages: list[PageResult], figure_prefix: str | None = None,
+                   include_furniture: bool = False) -> list[str]:
+    """The markdown of each page of a document, in order, as the document has it: the
+    document's first title is `#` wherever it is, every later one `##` (a page-2 title after
+    a page-1 title is `##`). `document_markdown` is their join."""
+    pieces, title_seen = [], False
     for page in pages:
-        body = page_markdown(page, title_seen, figure_prefix, include_furniture)
-        title_seen = title_seen or any(r.type == "title" and (r.text or "").strip() for r in page.regions)
+        body, title_seen = _page_body(page, title_seen, figure_prefix, include_furniture)
+        pieces.append(body)
+    return pieces
+
+
+def document_markdown(pages: list[PageResult], figure_prefix: str | None = None, include_furniture: bool = False,
+                      error: dict | None = None) -> str:
+    """The markdown of a document: `page_markdowns` joined, a page marker comment before
+    each page of a multi-page document; a document that could not be read (`error`, the
+    JSON's {"reason", "message"}) starts with a comment saying why. `figure_prefix`: None
+    leaves figures out (no output folder), else the relative path from the markdown file
+    to its figures (`figure_prefix_for`), each linked as `<prefix>p<page>-r<order>.png`."""
+    parts = [f"<!-- document not read ({error['reason']}): {error['message']} -->"] if error else []
+    pieces = page_markdowns(pages, figure_prefix, include_furniture)
+    for page, body in zip(pages, pieces):
         parts.append(f"<!-- page {page.page_number} -->\n\n{body}" if len(pages) > 1 else body)
     return "\n\n".join(part.rstrip() for part in parts).strip() + "\n"
 

@@ -6,15 +6,21 @@ Stages, streaming:
      row (page 0), never a failed job or a silently dropped block
   -> read: an autoscaling pool of engine actors (layout, crops, batched self-speculative
      decoding); GPUs requested only when the cluster has them
-  -> write: CPU tasks, one Parquet file per page under a name derived from the input key
+  -> write: CPU tasks, a page's figure crops (PNG) and then one Parquet file per page,
+     under names derived from the input key
 The driver counts the written pages and, when all pages of a document are in, writes
-its markdown. A document is complete when its markdown exists: `--resume` skips those;
-everything else is redone under the same names, so nothing is duplicated.
+its markdown: `assembly.document_markdown` over the pages' JSON, the function `gravityocr
+ocr` and serve use, with the figures linked where the write stage put them. A document is
+complete when its markdown exists (its figures are written before it): `--resume` skips
+those; everything else is redone under the same names, so nothing is duplicated.
 
 Output layout (KEY is the input key, extension kept so a.pdf and a.png never collide):
   OUTPUT/markdown/KEY.md
+  OUTPUT/markdown/KEY_figures/p<page>-r<order>.png   (linked from KEY.md)
   OUTPUT/pages/KEY/page-00001.parquet   (page-00000: the document could not be read)
   OUTPUT/_summary.json
+The Parquet rows' `markdown` is each page read alone (its first title `#`, no figure
+links); the document's markdown is KEY.md.
 """
 
 from __future__ import annotations
@@ -31,6 +37,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .. import metrics
+from .assembly import PageResult, document_markdown, figure_prefix_for, figures_folder
+from .layout import LAYOUT_BACKENDS, LINE_SPLITTERS
+from .page_ocr import PageOcrConfig
 from .storage import StorageLocation, exists, list_objects, read_bytes, resolve, write_atomic
 
 log = logging.getLogger(__name__)
@@ -50,6 +59,10 @@ PAGE_SCHEMA = pa.schema([
     ("mode", pa.string()),
     ("node_id", pa.string()),  # the Ray node whose engine actor read the page
 ])
+# What the engine actors hand the write stage: a page row and its figure crops as PNG,
+# which the write stage writes beside the markdown (never into the Parquet row).
+FIGURES_TYPE = pa.list_(pa.struct([("name", pa.string()), ("png", pa.binary())]))
+READ_SCHEMA = PAGE_SCHEMA.append(pa.field("figures", FIGURES_TYPE))
 
 
 @dataclass
@@ -61,14 +74,15 @@ class BatchJobConfig:
     min_actors: int = 1
     max_actors: int = 2
     resume: bool = False
-    dpi: float = 150
+    dpi: float = PageOcrConfig.dpi
     mode: str = "spec"
     # Speculative rounds only while at most this many regions decode together, AR rounds above
     # (same text); 0: at any batch size; None: the device's default (on a CPU 2 per torch thread).
     speculative_max_batch: int | None = None
     model: str | None = None  # None: the shipped default
     pages_per_batch: int = 4  # pages an engine actor reads in one engine batch
-    layout: str = "projection"
+    layout: str = PageOcrConfig.layout  # see layout.LAYOUT_BACKENDS
+    lines: str = PageOcrConfig.lines  # see layout.LINE_SPLITTERS
     max_new_tokens: int | None = None  # cap on every region's output (None: the recogniser's defaults)
     actor_resources: dict[str, float] = field(default_factory=dict)  # custom resources each engine actor needs
 
@@ -94,6 +108,16 @@ class BatchSummary:
 
 def markdown_key(document_key: str) -> str:
     return f"markdown/{document_key}.md"
+
+
+def figure_key(document_key: str, name: str) -> str:
+    """A figure crop beside the document's markdown, in the folder its links name."""
+    return f"markdown/{figures_folder(document_key)}/{name}"
+
+
+def markdown_figure_prefix(document_key: str) -> str:
+    """The relative path from `markdown_key(KEY)` to its figures (`figure_key(KEY, ...)`)."""
+    return figure_prefix_for(document_key.rsplit("/", 1)[-1])
 
 
 def page_key(document_key: str, page_number: int) -> str:
@@ -136,13 +160,14 @@ class PageReader:
     """An engine actor: holds one recogniser and reads batches of pages with it."""
 
     def __init__(self, model: str | None, mode: str, layout: str, dpi: float, threads: int,
-                 max_new_tokens: int | None, speculative_max_batch: int | None = None):
+                 max_new_tokens: int | None, speculative_max_batch: int | None = None,
+                 lines: str = PageOcrConfig.lines):
         import ray
         import torch
 
         from ..model.devices import resolve_device
         from ..model.loading import DEFAULT_MODEL_DIR
-        from .page_ocr import PageOcr, PageOcrConfig
+        from .page_ocr import PageOcr
         from .recognizer import CropRecognizer, RecognizerConfig
 
         torch.set_num_threads(threads)
@@ -153,13 +178,13 @@ class PageReader:
         recognizer = CropRecognizer.load(model or DEFAULT_MODEL_DIR,
                                          settings.capped(max_new_tokens) if max_new_tokens else settings,
                                          dtype=dtype, device=device)
-        self.page_ocr = PageOcr(recognizer, PageOcrConfig(dpi=dpi, layout=layout))
+        self.page_ocr = PageOcr(recognizer, PageOcrConfig(dpi=dpi, layout=layout, lines=lines))
         metrics.engine_actor_started(device)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         from PIL import Image
 
-        from .assembly import page_markdown
+        from .assembly import figure_crops, figure_png, page_markdown
         from .documents import Page
 
         rows = batch.to_pylist()
@@ -179,29 +204,31 @@ class PageReader:
                 stats = [region.stats for region in result.regions if region.stats]
                 record.update(markdown=page_markdown(result), regions_json=json.dumps(result.to_dict()),
                               committed_tokens=sum(s["committed_tokens"] for s in stats),
-                              forward_passes=sum(s["forward_passes"] for s in stats))
+                              forward_passes=sum(s["forward_passes"] for s in stats),
+                              figures=[{"name": name, "png": figure_png(image)}
+                                       for name, image in figure_crops([result])])
                 if result.error:
                     record.update(error_reason="layout_failed", error_message=result.error)
             else:
-                record.update(markdown="", regions_json="null", committed_tokens=0, forward_passes=0)
+                record.update(markdown="", regions_json="null", committed_tokens=0, forward_passes=0, figures=[])
             out.append(record)
-        return pa.Table.from_pylist(out, schema=PAGE_SCHEMA)
+        return pa.Table.from_pylist(out, schema=READ_SCHEMA)
 
 
 # --- stage 3: write pages (CPU tasks) -----------------------------------------------------
 
 def write_pages(batch: pa.Table, destination: StorageLocation) -> pa.Table:
-    """Each page row to its own Parquet file (atomic, deterministic name); passes on the
-    row for the driver's bookkeeping with only the decode statistics of its regions."""
+    """Each page's figure crops beside its document's markdown, then the page row to its own
+    Parquet file (atomic writes, deterministic names); passes on what the driver needs for
+    its bookkeeping and the document's markdown: the row without its page markdown and figures."""
     for index in range(batch.num_rows):
-        row = batch.slice(index, 1)
+        document_id = batch["document_id"][index].as_py()
+        for figure in batch["figures"][index].as_py() or []:
+            write_atomic(destination, figure_key(document_id, figure["name"]), figure["png"])
         buffer = io.BytesIO()
-        pq.write_table(row, buffer)
-        write_atomic(destination, page_key(row["document_id"][0].as_py(), row["page_number"][0].as_py()),
-                     buffer.getvalue())
-    decode_stats = pa.array([json.dumps(region_decode_stats(regions)) for regions in batch["regions_json"].to_pylist()],
-                            pa.string())
-    return batch.drop_columns(["regions_json"]).append_column("decode_stats_json", decode_stats)
+        pq.write_table(batch.slice(index, 1).select(PAGE_SCHEMA.names), buffer)
+        write_atomic(destination, page_key(document_id, batch["page_number"][index].as_py()), buffer.getvalue())
+    return batch.drop_columns(["markdown", "figures"])
 
 
 def region_decode_stats(regions_json: str | None) -> list[dict]:
@@ -235,17 +262,21 @@ def actor_resources(cpus: float, gpus: float, max_actors: int) -> dict:
     return {"num_cpus": round(max(0.25, min(1.0, share)), 2)}
 
 
-def _document_markdown(pages: list[dict]) -> str:
-    parts = []
-    for page in sorted(pages, key=lambda p: p["page_number"]):
-        if page["error_reason"] and page["page_number"] == 0:
-            parts.append(f"<!-- document not read ({page['error_reason']}): {page['error_message']} -->")
-            continue
-        body = page["markdown"] or ""
-        if page["error_reason"]:
-            body = f"<!-- page {page['page_number']} ({page['error_reason']}): {page['error_message']} -->\n\n{body}"
-        parts.append(f"<!-- page {page['page_number']} -->\n\n{body}".rstrip() if len(pages) > 1 else body.rstrip())
-    return "\n\n".join(parts).strip() + "\n"
+def page_result(row: dict) -> PageResult:
+    """A page row back as the page result it was written from (its `regions_json`); a page
+    that could not be rendered (no JSON) is a page whose error says why."""
+    page = json.loads(row["regions_json"]) if row.get("regions_json") else None
+    if page:
+        return PageResult.from_dict(page)
+    return PageResult(row["document_id"], row["page_number"], row.get("width") or 0, row.get("height") or 0, None,
+                      "", error=f"{row['error_reason']}: {row['error_message']}")
+
+
+def document_markdown_from_rows(document_key: str, rows: list[dict]) -> str:
+    """The markdown of a document from its page rows: `assembly.document_markdown`, as
+    `gravityocr ocr` and serve write it, with its figures linked where `write_pages` wrote them."""
+    pages = [page_result(row) for row in sorted(rows, key=lambda r: r["page_number"])]
+    return document_markdown(pages, figure_prefix=markdown_figure_prefix(document_key))
 
 
 # The job submitter's storage credentials travel to the tasks and actors that read and
@@ -290,7 +321,8 @@ def run_batch_job(config: BatchJobConfig) -> BatchSummary:
             .map_batches(
                 PageReader,
                 fn_constructor_kwargs={"model": config.model, "mode": config.mode, "layout": config.layout,
-                                       "dpi": config.dpi, "threads": threads, "max_new_tokens": config.max_new_tokens,
+                                       "lines": config.lines, "dpi": config.dpi, "threads": threads,
+                                       "max_new_tokens": config.max_new_tokens,
                                        "speculative_max_batch": config.speculative_max_batch},
                 batch_size=config.pages_per_batch, batch_format="pyarrow",
                 # Ray Data restarts a dead engine actor and retries its batch (max_restarts and
@@ -308,7 +340,7 @@ def run_batch_job(config: BatchJobConfig) -> BatchSummary:
             by_document[row["document_id"]].append(row)
             pages = by_document[row["document_id"]]
             if len(pages) == row["page_count"]:
-                _finish_document(destination, row["document_id"], pages, summary)
+                _finish_document(destination, row["document_id"], by_document.pop(row["document_id"]), summary)
     summary.seconds = time.perf_counter() - started
     summary.pages_per_second = summary.pages / summary.seconds if summary.seconds else 0.0
     summary.tpf = summary.committed_tokens / summary.forward_passes if summary.forward_passes else 0.0
@@ -326,7 +358,7 @@ def _finish_document(destination: StorageLocation, document_id: str, pages: list
     for page in pages:
         summary.committed_tokens += page["committed_tokens"] or 0
         summary.forward_passes += page["forward_passes"] or 0
-        for region in json.loads(page["decode_stats_json"]):
+        for region in region_decode_stats(page["regions_json"]):
             metrics.record_decode(metrics.WORKLOAD_BATCH, **region)
             summary.speculative_rounds += len(region["accepted_per_round"])
             summary.ar_rounds += region["ar_rounds"]
@@ -340,7 +372,7 @@ def _finish_document(destination: StorageLocation, document_id: str, pages: list
     if document_failed:
         summary.documents_failed += 1
         return  # no markdown: a later --resume tries the document again
-    write_atomic(destination, markdown_key(document_id), _document_markdown(pages).encode())
+    write_atomic(destination, markdown_key(document_id), document_markdown_from_rows(document_id, pages).encode())
 
 
 # --- CLI -----------------------------------------------------------------------------------
@@ -353,7 +385,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--min-actors", type=int, default=1)
     parser.add_argument("--max-actors", type=int, default=2)
     parser.add_argument("--resume", action="store_true", help="skip documents whose outputs are complete")
-    parser.add_argument("--dpi", type=float, default=150)
+    parser.add_argument("--dpi", type=float, default=PageOcrConfig.dpi,
+                        help=f"PDF render resolution (default: {PageOcrConfig.dpi:g})")
     parser.add_argument("--mode", choices=("spec", "ar"), default="spec")
     parser.add_argument("--speculative-max-batch", type=int, metavar="N",
                         help="speculative rounds only while at most N regions decode together, AR rounds above "
@@ -361,7 +394,10 @@ def add_arguments(parser) -> None:
                              "thread, where a full batch decodes faster in AR rounds)")
     parser.add_argument("--model", help="model directory or hub name (default: the shipped model)")
     parser.add_argument("--pages-per-batch", type=int, default=4)
-    parser.add_argument("--layout", default="projection")
+    parser.add_argument("--layout", choices=LAYOUT_BACKENDS, default=PageOcrConfig.layout,
+                        help=f"layout backend (default: {PageOcrConfig.layout})")
+    parser.add_argument("--lines", choices=LINE_SPLITTERS, default=PageOcrConfig.lines,
+                        help=f"how text regions are split into lines (default: {PageOcrConfig.lines})")
     parser.add_argument("--max-new-tokens", type=int, help="cap on the tokens read per region")
     parser.add_argument("--actor-resources", type=json.loads, default={},
                         help='custom Ray resources each engine actor needs, as JSON, e.g. \'{"engine": 1}\'')
@@ -376,7 +412,7 @@ def run(args) -> int:
         input_uri=args.input, output_uri=args.output, endpoint_url=args.endpoint_url, address=args.address,
         min_actors=args.min_actors, max_actors=args.max_actors, resume=args.resume, dpi=args.dpi, mode=args.mode,
         speculative_max_batch=args.speculative_max_batch, model=args.model, pages_per_batch=args.pages_per_batch, layout=args.layout,
-        max_new_tokens=args.max_new_tokens, actor_resources=args.actor_resources,
+        lines=args.lines, max_new_tokens=args.max_new_tokens, actor_resources=args.actor_resources,
     )
     summary = run_batch_job(config)
     print(f"documents: {summary.documents} ({summary.documents_failed} failed, {summary.documents_skipped} "

@@ -23,6 +23,7 @@ from gravityocr.model.manifest import ManifestItem, read_manifest
 from gravityocr.model.metrics import score
 
 from .documents import Page
+from .layout import LAYOUT_BACKENDS, LINE_SPLITTERS
 from .page_ocr import PageOcr, PageOcrConfig
 from .recognizer import CropRecognizer, RecognizerConfig
 
@@ -85,6 +86,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--check-exact", action="store_true", help="also decode with plain AR and compare outputs")
     parser.add_argument("--threads", type=int, help="torch threads (default: all the process may use)")
     parser.add_argument("--items", metavar="FILE", help="write per-item outcomes as JSON lines here")
+    parser.add_argument("--layout", choices=LAYOUT_BACKENDS, default=PageOcrConfig.layout,
+                        help="layout backend for page items (as `gravityocr ocr --layout`)")
+    parser.add_argument("--lines", choices=LINE_SPLITTERS, default=PageOcrConfig.lines,
+                        help="line splitter for page items (as `gravityocr ocr --lines`)")
     parser.add_argument("--no-structured-drafts", action="store_true",
                         help="leave table structure and LaTeX command names to the drafter (to measure what "
                              "keeping drafts to them buys)")
@@ -104,7 +109,7 @@ def run(args) -> int:
     recognizer = load_recognizer(args.model)
     report = evaluate_set(recognizer, items, args.batch_size, args.block_size, args.check_exact,
                           DraftAhead(args.draft_ahead, branches=args.draft_branches) if args.draft_ahead else None,
-                          not args.no_structured_drafts)
+                          not args.no_structured_drafts, PageOcrConfig(layout=args.layout, lines=args.lines))
     if args.items:
         with open(args.items, "w") as stream:
             for outcome in report.items:

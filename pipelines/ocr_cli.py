@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .layout import LAYOUT_BACKENDS, LINE_SPLITTERS
+from .page_ocr import PageOcrConfig  # the page settings' defaults (torch loads only when a command runs)
 
-if TYPE_CHECKING:  # torch and transformers load only when the command runs, not for --help
+if TYPE_CHECKING:
     from .page_ocr import DocumentResult
 
 
@@ -37,8 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=("markdown", "json"), default="markdown",
                         help="output format (default: markdown)")
     parser.add_argument("--out", metavar="DIR", default=None,
-                        help="write one <name>.md or <name>.json per document (and figure crops) here; "
-                             "default: print to stdout (JSON: one document per line)")
+                        help="write one <name>.md (its figure crops in <name>_figures/, linked from it) or "
+                             "<name>.json per document here; default: print to stdout (JSON: one document per "
+                             "line; markdown without figures, whose boxes are in the JSON)")
     parser.add_argument("--model", metavar="PATH", default=None,
                         help="recogniser directory (Hugging Face format); default: the embedded model")
     parser.add_argument("--mode", choices=("spec", "ar"), default="spec",
@@ -55,12 +57,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="speculative rounds only while at most N crops decode together, AR rounds above "
                              "(same text); 0: at any batch size; default: the device's (on a CPU 2 per torch "
                              "thread, where a full batch decodes faster in AR rounds)")
-    parser.add_argument("--dpi", type=float, default=150, help="PDF render resolution (default: 150)")
-    parser.add_argument("--layout", choices=LAYOUT_BACKENDS, default="projection",
-                        help="layout backend (default: projection; rapid: the bundled layout model)")
-    parser.add_argument("--lines", choices=LINE_SPLITTERS, default="projection",
-                        help="how text regions are split into lines (default: projection)")
-    parser.add_argument("--batch-pages", type=int, default=8, help="pages per recogniser batch (default: 8)")
+    parser.add_argument("--dpi", type=float, default=PageOcrConfig.dpi,
+                        help=f"PDF render resolution (default: {PageOcrConfig.dpi:g})")
+    parser.add_argument("--layout", choices=LAYOUT_BACKENDS, default=PageOcrConfig.layout,
+                        help=f"layout backend (default: {PageOcrConfig.layout}; rapid: the bundled layout model)")
+    parser.add_argument("--lines", choices=LINE_SPLITTERS, default=PageOcrConfig.lines,
+                        help=f"how text regions are split into lines (default: {PageOcrConfig.lines})")
+    parser.add_argument("--batch-pages", type=int, default=PageOcrConfig.batch_pages,
+                        help=f"pages per recogniser batch (default: {PageOcrConfig.batch_pages})")
     parser.add_argument("--max-new-tokens", type=int, default=None,
                         help="cap on tokens written per crop (default: per task, 256 text / 1024 table)")
     parser.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
@@ -119,13 +123,19 @@ class _Progress:
 
 
 def _write(result: DocumentResult, args, name: str) -> None:
+    """One document out: its JSON (`DocumentResult.to_json`, as serve answers it) or its
+    markdown (`DocumentResult.to_markdown`, as the batch job and serve write it). On stdout
+    the markdown leaves figures out (there is no folder to write them to); with --out its
+    figures are written to <name>_figures/ first and linked from <name>.md."""
+    from .assembly import figure_crops, figure_png, figure_prefix_for, figures_folder
+
     if args.out is None:
         if args.format == "json":
             sys.stdout.write(json.dumps(result.to_json(), ensure_ascii=False) + "\n")
         else:
             if len(args.files) > 1:
                 sys.stdout.write(f"<!-- document: {result.document_id} -->\n\n")
-            sys.stdout.write(result.to_markdown(figure_prefix=f"{name}_figures/"))
+            sys.stdout.write(result.to_markdown(figure_prefix=None))
         sys.stdout.flush()
         return
     out = Path(args.out)
@@ -133,15 +143,13 @@ def _write(result: DocumentResult, args, name: str) -> None:
         (out / f"{name}.json").write_text(json.dumps(result.to_json(), ensure_ascii=False, indent=2) + "\n",
                                           encoding="utf-8")
         return
-    (out / f"{name}.md").write_text(result.to_markdown(figure_prefix=f"{name}_figures/"), encoding="utf-8")
-    figures = [(page, region) for page in result.pages for region in page.regions if region.image is not None]
+    figures = figure_crops(result.pages)
     if figures:
-        from .assembly import figure_name
-
-        folder = out / f"{name}_figures"
+        folder = out / figures_folder(name)
         folder.mkdir(parents=True, exist_ok=True)
-        for page, region in figures:
-            region.image.save(folder / figure_name(page.page_number, region))
+        for file_name, image in figures:
+            (folder / file_name).write_bytes(figure_png(image))
+    (out / f"{name}.md").write_text(result.to_markdown(figure_prefix=figure_prefix_for(name)), encoding="utf-8")
 
 
 def run(args) -> int:
@@ -158,7 +166,7 @@ def run(args) -> int:
     import torch
     import transformers
 
-    from .page_ocr import PageOcr, PageOcrConfig
+    from .page_ocr import PageOcr
     from .recognizer import CropRecognizer, RecognizerConfig
 
     transformers.utils.logging.disable_progress_bar()  # our own bar is the one that counts pages

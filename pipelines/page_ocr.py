@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from PIL import Image
 
@@ -23,7 +24,9 @@ from .assembly import LineResult, PageResult, RegionResult, document_json, docum
 from .documents import DocumentError, DocumentLimits, Page, open_document, read_file
 from .layout import TEXT_TYPES, Box, LayoutBackend, LineSplitter, NoLines, Region, layout_page, make_layout, \
     make_line_splitter
-from .recognizer import CropRecognizer, CropResult
+
+if TYPE_CHECKING:  # torch loads with the recogniser, not with the settings (the CLIs' defaults are read here)
+    from .recognizer import CropRecognizer, CropResult
 
 # The task prompt each region type is read with; figures are not read.
 TASK_BY_TYPE = {**{kind: "text" for kind in TEXT_TYPES}, "table": "table", "formula": "formula"}
@@ -33,6 +36,9 @@ DocumentSource = str | Path | tuple[str, bytes]
 
 @dataclass
 class PageOcrConfig:
+    """The one page-settings object: `gravityocr ocr`, `gravityocr batch` and serve take
+    their defaults for these from here (`PageOcrConfig.layout`, ...)."""
+
     dpi: float = 150
     layout: str = "projection"  # see layout.LAYOUT_BACKENDS
     lines: str = "projection"  # see layout.LINE_SPLITTERS
@@ -59,8 +65,10 @@ class DocumentResult:
     def to_json(self) -> dict:
         return document_json(self.document_id, self.pages, self.error.to_dict() if self.error else None, self.format)
 
-    def to_markdown(self, figure_prefix: str = "") -> str:
-        return document_markdown(self.pages, figure_prefix)
+    def to_markdown(self, figure_prefix: str | None = None) -> str:
+        """`figure_prefix`: None (no output folder) leaves figures out; else their relative
+        folder, as `assembly.figure_prefix_for` gives it."""
+        return document_markdown(self.pages, figure_prefix, error=self.error.to_dict() if self.error else None)
 
 
 @dataclass
@@ -161,6 +169,8 @@ class PageOcr:
         try:
             read = self.recognizer.recognize([(crop.image, crop.task) for crop in crops])
         except Exception as error:  # noqa: BLE001 - one broken batch must not end the run
+            from .recognizer import CropResult
+
             message = f"recogniser failed: {type(error).__name__}: {error}"
             traceback.print_exc()
             read = [CropResult("", error=message) for _ in crops]

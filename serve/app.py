@@ -155,7 +155,11 @@ class _OcrWork:
                                "with a 'file' field or application/json")
 
     def run(self, prepared, engine_requests: EngineRequests) -> dict:
-        from ..pipelines.assembly import document_markdown, page_markdown
+        """The document's markdown and JSON from the functions `gravityocr ocr` and the batch
+        job use: `document_markdown`, its pages' pieces `page_markdowns` (the document's first
+        title `#` on whichever page it is), `document_json`. There is no output folder, so
+        figures are left out of the markdown (their boxes are in the JSON)."""
+        from ..pipelines.assembly import document_json, document_markdown, page_markdowns
         from ..pipelines.documents import DocumentError
 
         name, document = prepared
@@ -167,12 +171,15 @@ class _OcrWork:
         stats = [region.stats for page in results for region in page.regions if region.stats]
         committed = sum(s["committed_tokens"] for s in stats)
         passes = sum(s["forward_passes"] for s in stats)
+        record = document_json(name, results, None, document.format)
         return {
             "document_id": name,
             "page_count": len(results),
-            "markdown": document_markdown(results),
-            "pages": [{"page_number": page.page_number, "markdown": page_markdown(page), "result": page.to_dict()}
-                      for page in results],
+            "markdown": document_markdown(results, figure_prefix=None),
+            "pages": [{"page_number": page.page_number, "markdown": markdown, "result": result}
+                      for page, markdown, result in zip(results, page_markdowns(results, figure_prefix=None),
+                                                        record["pages"])],
+            "document": record,
             "stats": {"committed_tokens": int(committed), "forward_passes": int(passes),
                       "tokens_per_forward": committed / passes if passes else 0.0},
         }
@@ -245,7 +252,8 @@ class _ChatWork:
             prompt = processor.encode(page.image, task)
         except InvalidInput as error:
             raise HTTPProblem(422, str(error)) from None
-        limit = min(chat.max_tokens or self.service.settings.max_new_tokens, self.service.settings.max_new_tokens)
+        limit = min(chat.max_tokens or self.service.settings.max_new_tokens, self.service.settings.max_new_tokens,
+                    processor.output_budget(prompt))  # as every crop of /v1/ocr: the crop's size bounds it
         try:  # the engine would refuse it too, but on its thread: after a stream had answered 200
             self.service.engine_config.check_fits("chat", prompt.length, limit)
         except InvalidInput as error:
@@ -273,7 +281,8 @@ class _ChatWork:
             "usage": {"prompt_tokens": prompt.length, "completion_tokens": len(result.token_ids),
                       "total_tokens": prompt.length + len(result.token_ids)},
             "gravityocr": {"tokens_per_forward": result.stats.tokens_per_forward,
-                           "accepted_per_round": list(result.stats.accepted_per_round), "task": task},
+                           "accepted_per_round": list(result.stats.accepted_per_round), "task": task,
+                           "stop_reason": result.finish_reason},  # eos, repetition or length (model/stopping.py)
         }
 
 
@@ -323,7 +332,7 @@ class OcrService:
         metrics.engine_actor_started(device)
         self.recognizer = recognizer
         self.engine_config = engine_config
-        self.page_config = PageOcrConfig(dpi=self.settings.dpi, layout=self.settings.layout)
+        self.page_config = PageOcrConfig(dpi=self.settings.dpi, layout=self.settings.layout, lines=self.settings.lines)
         self.layout = make_layout(self.page_config.layout)
         self.lines = make_line_splitter(self.page_config.lines)
         self.ready = True

@@ -60,7 +60,8 @@ class ChatStream:
         finish_reason = "stop" if result.finish_reason == "eos" else "length"
         yield self._chunk({}, finish_reason, gravityocr={
             "tokens_per_forward": result.stats.tokens_per_forward,
-            "accepted_per_round": list(result.stats.accepted_per_round), "task": self.task})
+            "accepted_per_round": list(result.stats.accepted_per_round), "task": self.task,
+            "stop_reason": result.finish_reason})
         if self.include_usage:
             completion = len(result.token_ids)
             yield self._line({**self._head(), "choices": [], "usage": {

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import yaml
 
+from ..pipelines.layout import LAYOUT_BACKENDS, LINE_SPLITTERS
 from .settings import ServeSettings
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "serve_config.yaml"
@@ -53,6 +54,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--speculative-max-batch", type=int, metavar="N",
                         help="speculative rounds only while at most N crops decode together, AR rounds above; "
                              "0: at any batch size (overrides the config; default: the device's)")
+    parser.add_argument("--layout", choices=LAYOUT_BACKENDS,
+                        help="layout backend (overrides the config; default: the page pipeline's, as for "
+                             "`gravityocr ocr` and `gravityocr batch`)")
+    parser.add_argument("--lines", choices=LINE_SPLITTERS,
+                        help="how text regions are split into lines (overrides the config; default: the page "
+                             "pipeline's)")
 
 
 def run(args) -> int:
@@ -74,6 +81,10 @@ def run(args) -> int:
         settings.draft_ahead_max_batch = args.draft_ahead_max_batch
     if args.speculative_max_batch is not None:
         settings.speculative_max_batch = args.speculative_max_batch
+    if args.layout is not None:
+        settings.layout = args.layout
+    if args.lines is not None:
+        settings.lines = args.lines
     try:
         settings.check()  # the config's settings with the command line's overrides
     except ValueError as error:

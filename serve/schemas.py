@@ -24,7 +24,7 @@ class OcrJsonRequest(BaseModel):
 
 class PageOut(BaseModel):
     page_number: int
-    markdown: str
+    markdown: str  # this page's piece of the document's markdown (the document's first title is its `#`)
     result: dict[str, Any]  # regions with bbox, type, order, text, decode stats (schemas/ in the repo)
 
 
@@ -39,8 +39,11 @@ class OcrStats(BaseModel):
 class OcrResponse(BaseModel):
     document_id: str
     page_count: int
-    markdown: str
-    pages: list[PageOut]
+    markdown: str = Field(description="the whole document, as `gravityocr batch` and `gravityocr ocr` write it; "
+                                      "figures are left out (no files are written), their boxes are in `document`")
+    pages: list[PageOut] = Field(description="each page's piece of `markdown` and its result")
+    document: dict[str, Any] = Field(description="the document JSON (schemas/document.schema.json), as "
+                                                 "`gravityocr ocr --format json` writes it")
     stats: OcrStats
 
 

@@ -7,6 +7,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..pipelines.page_ocr import PageOcrConfig  # the page settings' defaults
+
 TOKEN_ENV = "GRAVITYOCR_API_TOKEN"
 TOKEN_FILE_ENV = "GRAVITYOCR_API_TOKEN_FILE"
 
@@ -30,8 +32,9 @@ class ServeSettings:
     speculative_max_batch: int | None = None
     max_seq_len: int = 2048  # prompt + output tokens of one crop
     max_new_tokens: int = 1024  # cap per crop (chat requests may ask for less)
-    dpi: float = 150
-    layout: str = "projection"
+    dpi: float = PageOcrConfig.dpi
+    layout: str = PageOcrConfig.layout  # layout backend (pipelines/layout.py LAYOUT_BACKENDS)
+    lines: str = PageOcrConfig.lines  # how text regions are split into lines (LINE_SPLITTERS)
     threads: int = 1  # torch threads per replica
     device: str = "auto"  # "auto": CUDA (bfloat16) when the replica was given a GPU, else CPU (float32)
     dtype: str | None = None  # overrides the device's default dtype
@@ -57,8 +60,14 @@ class ServeSettings:
 
     def check(self) -> None:
         """Raise ValueError for settings that cannot serve (after a config or command-line override)."""
+        from ..pipelines.layout import LAYOUT_BACKENDS, LINE_SPLITTERS
+
         if self.mode not in ("spec", "ar"):
             raise ValueError(f"mode must be 'spec' or 'ar', got {self.mode!r}")
+        if self.layout not in LAYOUT_BACKENDS:
+            raise ValueError(f"layout must be one of {', '.join(LAYOUT_BACKENDS)}, got {self.layout!r}")
+        if self.lines not in LINE_SPLITTERS:
+            raise ValueError(f"lines must be one of {', '.join(LINE_SPLITTERS)}, got {self.lines!r}")
         if self.draft_branches and not self.draft_ahead:
             raise ValueError("draft_branches needs draft-ahead rounds: set draft_ahead too")
         if self.draft_ahead_max_batch < 0:

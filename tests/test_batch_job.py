@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,10 +16,12 @@ import pyarrow.parquet as pq
 import pytest
 import ray
 import torch
+from PIL import Image
 
 from gravityocr.model.loading import Recognizer, save_recognizer
 from gravityocr.pipelines import synthetic_pages
-from gravityocr.pipelines.batch_job import BatchJobConfig, region_decode_stats, run_batch_job
+from gravityocr.pipelines.assembly import PageResult, document_markdown
+from gravityocr.pipelines.batch_job import PAGE_SCHEMA, BatchJobConfig, region_decode_stats, run_batch_job
 from ray_cluster import processes_mentioning
 
 
@@ -46,7 +49,7 @@ def clean_documents() -> dict[str, bytes]:
     return {
         "reports/three-pages.pdf": synthetic_pages.pdf_bytes(synthetic_pages.sample_pages(3, seed=1)),
         "scans/two-frames.tiff": synthetic_pages.tiff_bytes(synthetic_pages.sample_pages(2, seed=4)),
-        "one.png": _png(synthetic_pages.sample_pages(1, seed=5)[0]),
+        "one.png": _png(synthetic_pages.table_formula_page(seed=5)),  # a figure on it (in the PDF it reads as a table)
     }
 
 
@@ -99,10 +102,25 @@ def test_s3_to_s3_on_two_raylets_with_bad_documents(ray_cluster, s3_endpoint, mo
     # read them all), so the pages are only checked to come from the cluster's raylets.
     raylets = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
     assert len(raylets) == 2 and {r["node_id"] for r in good} <= raylets
-    markdown = {o["Key"] for o in s3.list_objects_v2(Bucket="corpus", Prefix="results/markdown/")["Contents"]}
+    written = {o["Key"] for o in s3.list_objects_v2(Bucket="corpus", Prefix="results/markdown/")["Contents"]}
+    markdown = {key for key in written if key.endswith(".md")}
     assert markdown == {f"results/markdown/{key}.md" for key in clean_documents()}
     three = s3.get_object(Bucket="corpus", Key="results/markdown/reports/three-pages.pdf.md")["Body"].read().decode()
     assert three.index("<!-- page 1 -->") < three.index("<!-- page 2 -->") < three.index("<!-- page 3 -->")
+    # the driver's document markdown is assembly's, from the pages' JSON in the Parquet rows
+    pages = sorted((r for r in good if r["document_id"] == "reports/three-pages.pdf"), key=lambda r: r["page_number"])
+    assert three == document_markdown([PageResult.from_dict(json.loads(r["regions_json"])) for r in pages],
+                                      figure_prefix="three-pages.pdf_figures/")
+    # one.png's figure crop is written beside its markdown, which links it relatively; nothing
+    # else is written under markdown/, and the crops never go into the Parquet rows
+    one = s3.get_object(Bucket="corpus", Key="results/markdown/one.png.md")["Body"].read().decode()
+    links = re.findall(r"!\[figure\]\(([^)]*)\)", one)
+    assert links == ["one.png_figures/p1-r6.png"]
+    assert written - markdown == {"results/markdown/one.png_figures/p1-r6.png"}
+    figure = Image.open(io.BytesIO(s3.get_object(Bucket="corpus", Key="results/markdown/one.png_figures/p1-r6.png")
+                                   ["Body"].read()))
+    assert figure.size[0] > 50
+    assert all(set(r) == set(PAGE_SCHEMA.names) for r in rows)
     assert s3.get_object(Bucket="corpus", Key="results/_summary.json")["Body"].read()
 
 

@@ -30,11 +30,14 @@ from document_fixtures import (  # noqa: F401
 from gravityocr.model.engine.config import speculative_max_batch_for
 from gravityocr.pipelines import ocr_cli
 from gravityocr.pipelines.assembly import (
+    LineResult,
     PageResult,
     RegionResult,
     document_markdown,
+    figure_prefix_for,
     join_lines,
     page_markdown,
+    page_markdowns,
 )
 from gravityocr.pipelines.page_ocr import TASK_BY_TYPE, PageOcr, PageOcrConfig
 from gravityocr.pipelines.recognizer import CropRecognizer, RecognizerConfig
@@ -208,14 +211,68 @@ def test_markdown_per_region_type():
         _region(9, "title", "Second"),
         _region(10, "footer", "2"),
     ])
-    assert page_markdown(page).split("\n\n") == [
+    assert page_markdown(page, figure_prefix="").split("\n\n") == [
         "# A Title", "\\# not a heading", "<table><tr><td>1</td></tr></table>", "$$\nE=mc^{2}\n$$",
         "![figure](p2-r5.png)", "Figure 1: a chart",
         "<!-- page 2 region 7 (text) not read: image 3x2000 cannot be processed -->", "## Second",
     ]
+    # no output folder (the default): the figure is left out, no link to a file never written
+    assert "![figure]" not in page_markdown(page)
+    assert page_markdown(page).split("\n\n") == [b for b in page_markdown(page, figure_prefix="").split("\n\n")
+                                                 if not b.startswith("![figure]")]
     assert page_markdown(page, title_seen=True).startswith("## A Title")
     assert "Running head" in page_markdown(page, include_furniture=True)
     assert document_markdown([page]) == page_markdown(page) + "\n"
+    assert figure_prefix_for("my report.pdf") == "my%20report.pdf_figures/"
+
+
+def _two_pages(first_error: str | None = None) -> list[PageResult]:
+    return [
+        PageResult("doc", 1, 100, 100, 150, "projection", [_region(0, "title", "First"), _region(1, "text", "one")],
+                   error=first_error),
+        PageResult("doc", 2, 100, 100, 150, "projection", [
+            _region(0, "title", "Later"), RegionResult(1, "figure", (0, 0, 10, 10)), _region(2, "text", "two")]),
+    ]
+
+
+def test_document_markdown_is_the_join_of_its_pages_pieces():
+    """One function for every entry point: the document's first title is `#` on whichever
+    page, later ones `##` (also page 2's); its pages' pieces carry that, and the document is
+    their join; figures are linked only under a prefix; errors stay as comments."""
+    pages = _two_pages()
+    pieces = page_markdowns(pages, figure_prefix="doc_figures/")
+    assert pieces == ["# First\n\none", "## Later\n\n![figure](doc_figures/p2-r1.png)\n\ntwo"]
+    assert page_markdown(pages[1]).startswith("# Later")  # a page read alone does not know the document
+    markdown = document_markdown(pages, figure_prefix="doc_figures/")
+    assert markdown == "".join(f"<!-- page {page.page_number} -->\n\n{piece}\n\n"
+                               for page, piece in zip(pages, pieces)).strip() + "\n"
+    assert document_markdown(pages) == markdown.replace("![figure](doc_figures/p2-r1.png)\n\n", "")
+    assert page_markdowns(pages) == [piece.replace("![figure](doc_figures/p2-r1.png)\n\n", "") for piece in pieces]
+    # an unread title is a comment and leaves the document's `#` to the next title
+    unread = _two_pages()
+    unread[0].regions[0] = _region(0, "title", "", error="refused")
+    assert page_markdowns(unread)[0].startswith("<!-- page 1 region 0 (title) not read: refused -->")
+    assert page_markdowns(unread)[1].startswith("# Later")
+    # a page that could not be laid out, and a document that could not be read
+    failed = document_markdown(_two_pages(first_error="layout failed: ValueError: x"))
+    assert failed.startswith("<!-- page 1 -->\n\n<!-- page 1 not read: layout failed: ValueError: x -->\n\n# First")
+    assert document_markdown([], error={"reason": "corrupt", "message": "cut short"}) == \
+        "<!-- document not read (corrupt): cut short -->\n"
+
+
+def test_results_round_trip_through_their_json(processed):
+    results, *_ = processed
+    pages = [page for name in ("report.pdf", "table.png") for page in results[name].pages]
+    assert any(r.lines for page in pages for r in page.regions) and any(r.stats for page in pages for r in page.regions)
+    for page in pages:
+        data = json.loads(json.dumps(page.to_dict()))
+        back = PageResult.from_dict(data)
+        assert back.to_dict() == data
+        assert all(isinstance(r.bbox, tuple) and r.image is None for r in back.regions)
+        assert page_markdowns([back], "x/") == page_markdowns([page], "x/")
+    line = LineResult((1, 2, 3, 4), "t", None, "failed")
+    assert LineResult.from_dict(line.to_dict()) == line
+    assert RegionResult.from_dict(_region(3, "text", "t").to_dict()) == _region(3, "text", "t")
 
 
 def test_a_crop_the_processor_refuses_is_a_region_error_not_a_page_failure():

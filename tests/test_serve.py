@@ -6,15 +6,21 @@ import base64
 import concurrent.futures
 import io
 import json
+import re
 import time
+from pathlib import Path
+from urllib.parse import unquote
 
 import httpx
+import pyarrow.parquet as pq
 import pytest
 import torch
 
 from gravityocr.model.engine.config import speculative_max_batch_for
 from gravityocr.model.loading import Recognizer, load_recognizer, save_recognizer
-from gravityocr.pipelines import synthetic_pages
+from gravityocr.pipelines import ocr_cli, synthetic_pages
+from gravityocr.pipelines.assembly import PageResult, document_markdown
+from gravityocr.pipelines.batch_job import BatchJobConfig, run_batch_job
 from gravityocr.pipelines.documents import load_pages
 from gravityocr.pipelines.page_ocr import PageOcr, PageOcrConfig
 from gravityocr.pipelines.recognizer import CropRecognizer, RecognizerConfig
@@ -110,6 +116,86 @@ def test_png_and_two_page_pdf_round_trip_as_the_library_reads_them(served):
     region_stats = [r["stats"] for p in body["pages"] for r in p["result"]["regions"] if r.get("stats")]
     assert region_stats and all(isinstance(s[k], int) for s in region_stats
                                 for k in ("committed_tokens", "forward_passes"))
+
+
+REPORT = Path(__file__).resolve().parents[1] / "samples" / "report.pdf"
+FIGURE_LINK = re.compile(r"\n\n!\[figure\]\(([^)]*)\)")
+
+
+def _untimed(document: dict) -> dict:
+    """A document record without its wall-clock timings, which differ from run to run."""
+    return {**document, "pages": [{k: v for k, v in page.items() if k != "seconds"} for page in document["pages"]]}
+
+
+def test_one_document_one_markdown_from_ocr_batch_and_serve(served, tmp_path, monkeypatch, capsys):
+    """samples/report.pdf (two pages, a title on each, a figure on page 2) through `gravityocr
+    ocr` (stdout, --format json, --out), `gravityocr batch` and /v1/ocr, one model and token
+    cap: the same markdown bytes and the same document JSON from the one assembly. Figures are
+    linked only where they were written (batch, ocr --out: the same file names, each link to a
+    file that exists), left out where nothing is written (stdout, serve), their boxes in the JSON."""
+    data = REPORT.read_bytes()
+    response = httpx.post(f"{served['url']}/v1/ocr", files={"file": ("report.pdf", data, "application/pdf")},
+                          timeout=120)
+    assert response.status_code == 200, response.text
+    served_body = response.json()
+
+    source = tmp_path / "in"
+    source.mkdir()
+    (source / "report.pdf").write_bytes(data)
+    ocr_out = tmp_path / "ocr"
+
+    def ocr(*options) -> str:
+        assert ocr_cli.main(["report.pdf", "--model", served["model_dir"], "--max-new-tokens", "120",
+                             "--no-progress", *options]) == 0
+        return capsys.readouterr().out
+
+    with monkeypatch.context() as context:
+        context.chdir(source)  # the document id is "report.pdf", as serve's and the batch job's
+        stdout_markdown = ocr()
+        stdout_json = json.loads(ocr("--format", "json"))
+        ocr("--out", str(ocr_out))
+    batch_out = tmp_path / "batch"
+    summary = run_batch_job(BatchJobConfig(str(source), str(batch_out), model=served["model_dir"], max_new_tokens=120,
+                                           min_actors=1, max_actors=1))
+    assert (summary.documents, summary.documents_failed, summary.pages, summary.page_errors) == (1, 0, 2, 0)
+
+    # Without an output folder: no figure link, the same bytes from ocr and serve, and serve's
+    # pages are the pieces of that markdown (page 2's title is `##` after page 1's `#`).
+    assert stdout_markdown == served_body["markdown"]
+    assert "![figure]" not in stdout_markdown and "_figures/" not in stdout_markdown
+    pieces = [page["markdown"] for page in served_body["pages"]]
+    assert served_body["markdown"] == "".join(f"<!-- page {n} -->\n\n{piece}\n\n"
+                                              for n, piece in enumerate(pieces, 1)).strip() + "\n"
+    headings = [line for line in stdout_markdown.splitlines() if line.startswith("#")]
+    assert len(headings) == 2 and headings[0].startswith("# ") and headings[1].startswith("## ")
+    assert pieces[1].startswith("## ")
+
+    # With one: the figure crops beside the markdown, each link naming a file that exists;
+    # batch's markdown is ocr --out's with its folder's name (the input key keeps its extension).
+    batch_markdown = (batch_out / "markdown" / "report.pdf.md").read_text()
+    ocr_markdown = (ocr_out / "report.md").read_text()
+    for markdown_file, markdown in ((batch_out / "markdown" / "report.pdf.md", batch_markdown),
+                                    (ocr_out / "report.md", ocr_markdown)):
+        links = FIGURE_LINK.findall(markdown)
+        assert links and all(link.rsplit("/", 1)[1].startswith("p2-r") for link in links)
+        assert all((markdown_file.parent / unquote(link)).is_file() for link in links)
+    assert batch_markdown == ocr_markdown.replace("](report_figures/", "](report.pdf_figures/")
+    assert FIGURE_LINK.sub("", batch_markdown) == stdout_markdown
+    figures = sorted(p.name for p in (ocr_out / "report_figures").iterdir())
+    assert figures == sorted(p.name for p in (batch_out / "markdown" / "report.pdf_figures").iterdir())
+    assert all((ocr_out / "report_figures" / name).read_bytes()
+               == (batch_out / "markdown" / "report.pdf_figures" / name).read_bytes() for name in figures)
+    served_pages = [PageResult.from_dict(page) for page in served_body["document"]["pages"]]
+    assert document_markdown(served_pages, figure_prefix="report.pdf_figures/") == batch_markdown
+
+    # The same document JSON: ocr's and serve's (the figure's box in it), and the batch job's
+    # pages from its Parquet rows.
+    assert _untimed(served_body["document"]) == _untimed(stdout_json)
+    assert [page["result"] for page in served_body["pages"]] == served_body["document"]["pages"]
+    assert any(region["type"] == "figure" for region in stdout_json["pages"][1]["regions"])
+    rows = [row for path in sorted((batch_out / "pages").rglob("*.parquet")) for row in pq.read_table(path).to_pylist()]
+    batch_pages = [PageResult.from_dict(json.loads(row["regions_json"])).to_dict() for row in rows]
+    assert _untimed({"pages": batch_pages}) == _untimed({"pages": stdout_json["pages"]})
 
 
 def test_s3_uri_only_from_allowed_buckets(served, s3_endpoint):

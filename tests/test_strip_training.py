@@ -14,7 +14,9 @@ from gravityocr.corpus.build import BuildConfig, build
 from gravityocr.model.decoding import greedy_decode, speculative_decode
 from gravityocr.model.loading import Recognizer, load_recognizer, save_recognizer
 from gravityocr.model.ppocr_tower import convert_onnx, rapidocr_model_path
+from gravityocr.model.ppocr_tower import load_ppocr_recognizer as load_tower
 from gravityocr.model.strip_training import read_cache
+from gravityocr.model.strip_vision import UNREAD_BIAS
 
 from test_corpus_build import fixture_package  # noqa: F401  (the one-PDF Debian package)
 
@@ -52,6 +54,16 @@ def test_cache_train_resume_and_decode_exactly(tmp_path, fixture_package, tiny_m
     for name, tensor in original.items():
         if not name.startswith("head."):
             assert torch.equal(trained[f"strip_vision.recognizer.{name}"], tensor), name
+    # the reading hint: the classifier is the CTC head's rows for the decoder's characters
+    # (blank last), frozen; its projection trained from zero
+    vocab = processor.tokenizer.get_vocab()
+    characters = load_tower(tower).characters
+    for character in ("a", "Z", "7", " "):
+        row = characters.index(character)
+        assert torch.equal(trained["strip_vision.reading_head.weight"][vocab[character]], original["head.fc.weight"][row])
+    assert torch.equal(trained["strip_vision.reading_head.weight"][-1], original["head.fc.weight"][0])
+    assert trained["strip_vision.reading_head.bias"][vocab["<table>"]] == UNREAD_BIAS
+    assert trained["strip_vision.reading_projection.weight"].abs().sum() > 0
     recognizer = load_recognizer(tmp_path / "run/checkpoint", dtype=torch.float64)
     eos = set(recognizer.processor.eos_token_ids)
     from PIL import Image
