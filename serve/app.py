@@ -252,8 +252,7 @@ class _ChatWork:
             prompt = processor.encode(page.image, task)
         except InvalidInput as error:
             raise HTTPProblem(422, str(error)) from None
-        limit = min(chat.max_tokens or self.service.settings.max_new_tokens, self.service.settings.max_new_tokens,
-                    processor.output_budget(prompt))  # as every crop of /v1/ocr: the crop's size bounds it
+        limit = min(chat.max_tokens or self.service.settings.max_new_tokens, self.service.settings.max_new_tokens)
         try:  # the engine would refuse it too, but on its thread: after a stream had answered 200
             self.service.engine_config.check_fits("chat", prompt.length, limit)
         except InvalidInput as error:
