@@ -30,7 +30,9 @@ def loop_unit(tokens: Sequence[int]) -> int:
         if span > n:
             break
         start = n - span
-        if all(tokens[i] == tokens[i - unit] for i in range(start + unit, n)) \
+        # newest tokens first: a sequence that is not looping fails on its last token, and
+        # this runs before every committed token
+        if all(tokens[i] == tokens[i - unit] for i in range(n - 1, start + unit - 1, -1)) \
                 and len(set(tokens[start:start + unit])) >= MIN_UNIT_DISTINCT:
             return unit
     return 0
