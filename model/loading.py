@@ -15,7 +15,7 @@ from transformers import AutoTokenizer, Glm46VImageProcessorPil
 from .modeling import GravityOcrForConditionalGeneration
 from .processor import CHAR_TEMPLATE, GLM_OCR_TEMPLATE, OcrProcessor
 from .strip_vision import PROCESSOR_TYPE as STRIP_PROCESSOR_TYPE
-from .strip_vision import StripImageProcessor
+from .strip_vision import ReadingPrefix, StripImageProcessor
 
 
 # The shipped default recogniser, committed in the repository (Hugging Face format).
@@ -43,6 +43,11 @@ def load_image_processor(source: str):
     return Glm46VImageProcessorPil.from_pretrained(source)
 
 
+def reading_placeholder_id(config) -> int | None:
+    prefix = ReadingPrefix.of(config)
+    return None if prefix is None else prefix.placeholder_id
+
+
 def load_recognizer(path_or_name: str | Path, dtype: torch.dtype = torch.float32,
                     device: str | torch.device = "cpu") -> Recognizer:
     source = str(path_or_name)
@@ -51,7 +56,8 @@ def load_recognizer(path_or_name: str | Path, dtype: torch.dtype = torch.float32
     tokenizer = AutoTokenizer.from_pretrained(source)
     image_processor = load_image_processor(source)
     processor = OcrProcessor(tokenizer, image_processor, _template_for(tokenizer),
-                             max_context=model.config.text_config.max_position_embeddings)
+                             max_context=model.config.text_config.max_position_embeddings,
+                             reading_placeholder_id=reading_placeholder_id(model.config))
     return Recognizer(model, processor)
 
 

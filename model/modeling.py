@@ -76,21 +76,42 @@ class GravityOcrForConditionalGeneration(GlmOcrForConditionalGeneration):
     # --- the three primitives used by training and decoding -------------------------
 
     def encode_images(self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> list[torch.Tensor]:
-        """Vision tower: one tensor of visual-token embeddings per image."""
+        """Vision tower: one tensor of visual-token embeddings per image (for a strip model
+        with a reading prefix, followed by the prefix's token embeddings)."""
         if hasattr(self, "strip_vision"):
-            return self.strip_vision(pixel_values, image_grid_thw)
+            return self.embed_strip_features(self.strip_vision.token_features(pixel_values, image_grid_thw),
+                                             image_grid_thw)
         output = self.model.get_image_features(pixel_values, image_grid_thw, return_dict=True)
         return list(output.pooler_output)
 
+    def embed_strip_features(self, features: list[torch.Tensor], image_grid_thw: torch.Tensor) -> list[torch.Tensor]:
+        """The strip tower's token features (one tensor per image) -> what fills each image's
+        placeholders: projected visual tokens, then the reading prefix (model/strip_vision.py)."""
+        from .strip_vision import MERGE, ReadingPrefix
+
+        prefix = ReadingPrefix.of(self.config)
+        out = []
+        for features_of_image, (_, grid_h, grid_w) in zip(features, image_grid_thw.tolist()):
+            visual = self.strip_vision.project(features_of_image)
+            if prefix is not None:
+                ids = self.strip_vision.reading_ids(features_of_image, grid_h // MERGE, grid_w // MERGE, prefix)
+                visual = torch.cat([visual, self.get_input_embeddings()(ids).to(visual.dtype)])
+            out.append(visual)
+        return out
+
     def embed(self, input_ids: torch.Tensor, image_embeds: torch.Tensor | None = None) -> torch.Tensor:
         """Token embeddings with mask positions replaced by the mask embedding and image
-        placeholders replaced (in order) by `image_embeds` (all images' tokens concatenated)."""
+        placeholders (and reading-prefix placeholders) replaced in order by `image_embeds`
+        (what `encode_images` gives, all images concatenated)."""
         is_mask = input_ids == self.mask_token_id
         table = self.get_input_embeddings()
         embeds = table(input_ids.masked_fill(is_mask, 0))
         embeds = torch.where(is_mask[..., None], self.mask_embedding.to(embeds.dtype), embeds)
         if image_embeds is not None:
             is_image = input_ids == self.config.image_token_id
+            reading = getattr(self.config, "reading_prefix", None)
+            if reading:
+                is_image = is_image | (input_ids == reading["placeholder_id"])
             n_placeholders = int(is_image.sum())
             if n_placeholders != image_embeds.shape[0]:
                 raise ValueError(

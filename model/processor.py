@@ -80,8 +80,10 @@ class OcrProcessor:
     """Image processor + tokenizer + prompt template: what one recogniser needs to encode a request."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, image_processor, template: str = CHAR_TEMPLATE,
-                 max_context: int = 4096):
+                 max_context: int = 4096, reading_placeholder_id: int | None = None):
         self.tokenizer = tokenizer
+        # a strip model with a reading prefix (model/strip_vision.py): its positions follow the image's
+        self.reading_placeholder_id = reading_placeholder_id
         self.image_processor = image_processor
         self.template = template
         self.max_context = max_context
@@ -100,8 +102,7 @@ class OcrProcessor:
         except ValueError as error:  # e.g. an aspect ratio over 200
             raise InvalidInput(f"image {rgb.width}x{rgb.height} cannot be processed: {error}") from error
         grid = features["image_grid_thw"]
-        merge = self.image_processor.merge_size
-        ids = self.prompt_ids(int(grid[0].prod()) // (merge * merge), task)
+        ids = self.prompt_ids_for(grid, task)
         if len(ids) + max_new_tokens > self.max_context:
             raise InvalidInput(
                 f"prompt of {len(ids)} tokens plus {max_new_tokens} new tokens exceeds the model's context of "
@@ -114,12 +115,25 @@ class OcrProcessor:
             task=task,
         )
 
-    def prompt_ids(self, n_visual: int, task: str) -> list[int]:
-        """The prompt around `n_visual` image placeholders for `task`."""
+    def prompt_ids_for(self, image_grid_thw: torch.Tensor, task: str) -> list[int]:
+        """The prompt for one image of this (1, 3) grid and `task`."""
+        _, height, width = (int(v) for v in image_grid_thw[0])
+        merge = self.image_processor.merge_size
+        n_reading = 0
+        if self.reading_placeholder_id is not None:
+            from .strip_vision import reading_slots
+
+            n_reading = reading_slots(height // merge, width // merge)
+        return self.prompt_ids(height * width // (merge * merge), task, n_reading)
+
+    def prompt_ids(self, n_visual: int, task: str, n_reading: int = 0) -> list[int]:
+        """The prompt around `n_visual` image placeholders (then `n_reading` reading-prefix
+        placeholders) for `task`."""
         before, after = self.template.split("{image}")
         before_ids = self.tokenizer.encode(before, add_special_tokens=False)
         after_ids = self.tokenizer.encode(after.format(task=TASK_PROMPTS[task]), add_special_tokens=False)
-        return before_ids + [self.tokenizer.convert_tokens_to_ids(self.image_token)] * n_visual + after_ids
+        image_ids = [self.tokenizer.convert_tokens_to_ids(self.image_token)] * n_visual
+        return before_ids + image_ids + [self.reading_placeholder_id] * n_reading + after_ids
 
     def output_budget(self, prompt: EncodedPrompt) -> int:
         """The most tokens a crop of this size can hold: CHARACTERS_PER_COLUMN per visual

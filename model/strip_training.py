@@ -27,14 +27,14 @@ import torch
 from torch import nn
 
 from .joint_loss import Objective, TrainingSample, backward_in_micro_batches, build_joint_batch
-from .loading import Recognizer, load_recognizer, save_recognizer
+from .loading import Recognizer, load_recognizer, reading_placeholder_id, save_recognizer
 from .metrics import score
 from .modeling import STRIP_TOWER, GravityOcrForConditionalGeneration, vision_tower_of
 from .ppocr_tower import load_ppocr_recognizer as load_tower
 from .processor import EncodedPrompt, OcrProcessor
 from .recipes import read_recipe
 from .schedule import LearningRateSchedule
-from .strip_vision import StripImageProcessor, reading_head_weights
+from .strip_vision import ReadingPrefix, StripImageProcessor, reading_head_weights
 
 
 @dataclass
@@ -44,6 +44,10 @@ class StripTrainConfig:
     output_dir: str = "runs/strips"
     init_from: str = "model/default"  # text decoder, mask embedding, tokenizer
     tower_weights: str = ""  # `convert_onnx` output; "" converts rapidocr's bundled file
+    reading_prefix: bool = False  # the decoder also reads the classifier's text (model/strip_vision.py)
+    # Draw items of a type in proportion to their text's length (each type keeps its share of
+    # the batch): a corpus build's text items are mostly words and short lines, a page's are long.
+    sample_by_length: bool = False
     types: tuple[str, ...] = ("text", "table", "formula")
     max_target_tokens: int = 400  # longer targets are left out of training
     max_visual_tokens: int = 1200  # so are larger images (a whole page of table)
@@ -81,15 +85,19 @@ class StripTrainConfig:
 
 # --- the starting model -------------------------------------------------------------------
 
-def start_model(init_from: str | Path, tower_weights: str | Path) -> Recognizer:
+def start_model(init_from: str | Path, tower_weights: str | Path, reading_prefix: bool = False) -> Recognizer:
     """`init_from`'s text side under a strip tower with pretrained PP-OCRv6 weights. A strip
     model's own projections are kept (training continues; one saved before the reading hint
     existed loads with the hint's projection at zero); otherwise they start fresh, the
-    hint's at zero. The reading hint's classifier always comes from `tower_weights`."""
+    hint's at zero. The reading hint's classifier always comes from `tower_weights`.
+    `reading_prefix` adds the reading prefix; a model that has one keeps it."""
     source = load_recognizer(init_from)
     config = source.model.config
     continues = vision_tower_of(config) == STRIP_TOWER
     config.vision_tower = STRIP_TOWER
+    tokenizer = source.processor.tokenizer
+    if reading_prefix and ReadingPrefix.of(config) is None:
+        config.reading_prefix = asdict(ReadingPrefix.for_tokenizer(tokenizer))
     model = GravityOcrForConditionalGeneration(config)
     kept = {k: v for k, v in source.model.state_dict().items()
             if not k.startswith(("model.visual.", "strip_vision.reading_head."))}
@@ -108,8 +116,9 @@ def start_model(init_from: str | Path, tower_weights: str | Path) -> Recognizer:
         if not continues:  # visual tokens at the scale the decoder's own tokens have
             vision.projection.weight.mul_(0.35)
             vision.projection.bias.zero_()
-    processor = OcrProcessor(source.processor.tokenizer, StripImageProcessor(), source.processor.template,
-                             max_context=config.text_config.max_position_embeddings)
+    processor = OcrProcessor(tokenizer, StripImageProcessor(), source.processor.template,
+                             max_context=config.text_config.max_position_embeddings,
+                             reading_placeholder_id=reading_placeholder_id(config))
     return Recognizer(model.eval(), processor)
 
 
@@ -210,7 +219,7 @@ class CachedTowerView(nn.Module):
 
     def encode_images(self, features: torch.Tensor, image_grid_thw: torch.Tensor) -> list[torch.Tensor]:
         counts = (image_grid_thw.prod(dim=1) // 4).tolist()
-        return [self.model.strip_vision.project(f) for f in features.float().split(counts)]
+        return self.model.embed_strip_features(list(features.float().split(counts)), image_grid_thw)
 
     def embed(self, *args, **kwargs):
         return self.model.embed(*args, **kwargs)
@@ -223,12 +232,27 @@ class CachedTowerView(nn.Module):
 
 
 def to_sample(item: CachedItem, processor: OcrProcessor) -> TrainingSample:
-    ids = processor.prompt_ids(item.features.shape[0], item.type)
+    ids = processor.prompt_ids_for(item.grid, item.type)
     prompt = EncodedPrompt(torch.tensor([ids]), item.features, item.grid, item.type)
     return TrainingSample(prompt, item.target_ids)
 
 
 # --- training -------------------------------------------------------------------------------
+
+SHORTEST_WEIGHT, LONGEST_WEIGHT = 8, 160  # characters: the length weight's floor and cap
+
+
+def length_weights(items: list[CachedItem]) -> list[float]:
+    """Sampling weights in proportion to each item's text length (clamped), normalised so
+    that every type keeps the share of draws its item count gives it."""
+    clamped = [min(max(len(item.text), SHORTEST_WEIGHT), LONGEST_WEIGHT) for item in items]
+    by_type: dict[str, float] = {}
+    for item, length in zip(items, clamped):
+        by_type[item.type] = by_type.get(item.type, 0.0) + length
+    counts: dict[str, int] = {}
+    for item in items:
+        counts[item.type] = counts.get(item.type, 0) + 1
+    return [counts[item.type] * length / by_type[item.type] for item, length in zip(items, clamped)]
 
 @torch.no_grad()
 def validate(recognizer: Recognizer, items: list[CachedItem]) -> dict[str, float]:
@@ -258,7 +282,7 @@ def train(config: StripTrainConfig, log=print) -> Path:
         state = torch.load(checkpoint / "trainer_state.pt", weights_only=False)
     else:
         tower = Path(config.tower_weights) if config.tower_weights else default_tower_weights(output)
-        recognizer = start_model(config.init_from, tower)
+        recognizer = start_model(config.init_from, tower, config.reading_prefix)
         state = None
     model = recognizer.model.train()
     vision = model.strip_vision
@@ -289,6 +313,7 @@ def train(config: StripTrainConfig, log=print) -> Path:
     view = CachedTowerView(model)
     rng = random.Random(config.seed * 1000 + step)
     generator = torch.Generator().manual_seed(config.seed * 1000 + step)
+    weights = length_weights(items)
     log_path = output / "train_log.jsonl"
     output.mkdir(parents=True, exist_ok=True)
     # one schedule for both groups, as a multiple of each group's own peak rate
@@ -300,7 +325,9 @@ def train(config: StripTrainConfig, log=print) -> Path:
         for group in optimizer.param_groups:
             trains = group["during_projection_steps"] or not projection_only
             group["lr"] = group["lr_base"] * schedule.rate(step) if trains else 0.0
-        samples = [to_sample(item, recognizer.processor) for item in rng.sample(items, config.batch_size)]
+        chosen = (rng.choices(items, weights, k=config.batch_size) if config.sample_by_length
+                  else rng.sample(items, config.batch_size))
+        samples = [to_sample(item, recognizer.processor) for item in chosen]
         objective = Objective.AR_ONLY if projection_only else Objective.JOINT
         batch = build_joint_batch(view, samples, objective, config.block_size, generator=generator,
                                   min_block_size=config.min_block_size, pad_final_block=True)
@@ -317,6 +344,7 @@ def train(config: StripTrainConfig, log=print) -> Path:
             record["validation"] = validate(recognizer, held_out)
             # the cache may still be growing beside a long run: take in its new files
             items = [i for i in read_cache(Path(config.cache), config.max_visual_tokens) if i.type in config.types and i.id not in held_out_ids]
+            weights = length_weights(items)
         with log_path.open("a") as stream:
             stream.write(json.dumps(record) + "\n")
         if step % 50 == 0 or "validation" in record:

@@ -23,6 +23,15 @@ visual position of the next character — into matching the token it just emitte
 what the columns read. The classifier is frozen pretrained weights; the hint's projection
 starts at zero, so a model without it is the same function.
 
+Reading prefix (models whose config has `reading_prefix`): what that classifier reads,
+greedy CTC (best class per step, repeats and blanks collapsed, strips joined by a newline),
+follows the visual tokens as ordinary text tokens of the decoder's own vocabulary, in
+`reading_slots` placeholder positions (the rest filled with an empty token). Copying from a
+text sequence is what small decoders learn fastest (an induction head); correcting it from
+the visual tokens, and turning it into a table's HTML or a formula's LaTeX, is what the
+decoder is trained for. The slot count depends on the crop's size alone, so the processor
+counts the prompt before the tower runs.
+
 The processor hands the engine `pixel_values` of shape (cells, 3·48·24), one 48×24 cell
 per visual token in row-major order, and `image_grid_thw` = (1, 2·rows, 2·columns): the
 shape contract of GLM-OCR's processor (patches concatenated over a batch, a 2×2 merge
@@ -42,6 +51,7 @@ from PIL import Image
 from torch import nn
 
 from .ppocr_tower import IMAGE_HEIGHT, PPOCRv6Recognizer, TowerConfig
+from .tokenizer import SPECIAL
 
 PROCESSOR_TYPE = "StripImageProcessor"
 CELL_WIDTH = 24  # px of a strip per visual token: three 8-px neck steps
@@ -166,6 +176,37 @@ def reading_head_weights(ctc_head: nn.Linear, characters: list[str], vocab: dict
 
 UNREAD_BIAS = -30.0
 
+# Reading prefix length: collapsed characters per 8-px step stay under 0.8 on real text lines
+# scaled to the glyph height (data/real: median 0.39, largest 0.75); a table's prefix is cut.
+READING_SLOTS_PER_STEP = 0.8
+MAX_READING_SLOTS = 512
+
+
+def reading_slots(rows: int, columns: int) -> int:
+    """Reading-prefix positions of a crop of `rows` strips of `columns` visual tokens."""
+    return min(MAX_READING_SLOTS, rows * math.ceil(READING_SLOTS_PER_STEP * STEPS_PER_TOKEN * columns))
+
+
+@dataclass(frozen=True)
+class ReadingPrefix:
+    """Token ids of the reading prefix, stored in the model config as `reading_prefix`."""
+
+    placeholder_id: int  # marks the prefix's positions in a prompt
+    newline_id: int  # joins the readings of a crop's strips
+    empty_id: int  # fills the positions past the reading
+
+    @classmethod
+    def for_tokenizer(cls, tokenizer) -> "ReadingPrefix":
+        """The character tokenizer's video placeholder, which a strip model never uses
+        otherwise, marks the prefix; an unread position holds the pad token."""
+        return cls(placeholder_id=tokenizer.convert_tokens_to_ids(SPECIAL.video),
+                   newline_id=tokenizer.convert_tokens_to_ids("\n"), empty_id=tokenizer.pad_token_id)
+
+    @classmethod
+    def of(cls, config) -> "ReadingPrefix | None":
+        record = getattr(config, "reading_prefix", None)
+        return cls(**record) if record else None
+
 
 class StripVisionTower(nn.Module):
     """PP-OCRv6 backbone + neck (pretrained), the projection of their 24-px tokens and the
@@ -201,6 +242,24 @@ class StripVisionTower(nn.Module):
             out.append(per_step.reshape(rows * columns, FEATURES_PER_TOKEN))
         return out
 
+    def reading_ids(self, features: torch.Tensor, rows: int, columns: int, prefix: ReadingPrefix) -> torch.Tensor:
+        """(reading_slots(rows, columns),) token ids: the greedy CTC reading of each strip,
+        strips joined by a newline, cut to the slots and padded with the empty token."""
+        neck_dim = self.recognizer.config.neck_dim
+        steps = features.reshape(rows, columns * STEPS_PER_TOKEN, FEATURES_PER_STEP)[:, :, :neck_dim]
+        best = self.reading_head(steps.to(self.reading_head.weight.dtype)).argmax(dim=-1)
+        blank = self.reading_head.out_features - 1
+        previous = torch.nn.functional.pad(best, (1, 0), value=blank)[:, :-1]
+        read = (best != blank) & (best != previous)
+        ids: list[int] = []
+        for row in range(rows):
+            if row:
+                ids.append(prefix.newline_id)
+            ids += best[row][read[row]].tolist()
+        slots = reading_slots(rows, columns)
+        ids = ids[:slots] + [prefix.empty_id] * max(0, slots - len(ids))
+        return torch.tensor(ids, dtype=torch.long, device=features.device)
+
     def project(self, features: torch.Tensor) -> torch.Tensor:
         """(tokens, 1512) features -> (tokens, hidden) visual-token embeddings."""
         neck_dim = self.recognizer.config.neck_dim
@@ -208,6 +267,3 @@ class StripVisionTower(nn.Module):
         reading = self.reading_head(steps.to(self.reading_head.weight.dtype)).softmax(dim=-1)
         hint = self.reading_projection(reading.flatten(1).to(self.reading_projection.weight.dtype))
         return self.projection(self.norm(features)) + hint
-
-    def forward(self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> list[torch.Tensor]:
-        return [self.project(f) for f in self.token_features(pixel_values, image_grid_thw)]

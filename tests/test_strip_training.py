@@ -1,11 +1,13 @@
 """`gravityocr train-strips` end to end on a tiny corpus: the frozen tower's features are
 cached per shard (and a second cache run adds nothing), training resumes from its
-checkpoint, the tower never moves, and the trained reader decodes exactly."""
+checkpoint, the tower never moves, and the trained reader (with its reading prefix)
+decodes exactly."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -16,7 +18,7 @@ from gravityocr.model.loading import Recognizer, load_recognizer, save_recognize
 from gravityocr.model.ppocr_tower import convert_onnx, rapidocr_model_path
 from gravityocr.model.ppocr_tower import load_ppocr_recognizer as load_tower
 from gravityocr.model.strip_training import read_cache
-from gravityocr.model.strip_vision import UNREAD_BIAS
+from gravityocr.model.strip_vision import UNREAD_BIAS, ReadingPrefix
 
 from test_corpus_build import fixture_package  # noqa: F401  (the one-PDF Debian package)
 
@@ -31,7 +33,8 @@ def test_cache_train_resume_and_decode_exactly(tmp_path, fixture_package, tiny_m
     recipe = tmp_path / "strips.yaml"
     recipe.write_text(json.dumps({
         "corpus": str(corpus), "cache": str(tmp_path / "cache"), "output_dir": str(tmp_path / "run"),
-        "init_from": str(start), "tower_weights": str(tower), "types": ["text"], "validation_items": 1,
+        "init_from": str(start), "tower_weights": str(tower), "reading_prefix": True, "types": ["text"],
+        "validation_items": 1,
         "steps": 6, "projection_steps": 2, "batch_size": 4, "block_size": 8, "min_block_size": 4,
         "checkpoint_every": 2, "validate_every": 3, "warmup_steps": 1}))
 
@@ -69,6 +72,23 @@ def test_cache_train_resume_and_decode_exactly(tmp_path, fixture_package, tiny_m
     from PIL import Image
 
     prompt = recognizer.processor.encode(Image.new("RGB", (300, 30), "white"), "text")
+    # trained and decoding with the reading prefix after the visual tokens
+    prefix = ReadingPrefix.of(recognizer.model.config)
+    assert prefix == ReadingPrefix.for_tokenizer(processor.tokenizer)
+    assert int((prompt.input_ids == prefix.placeholder_id).sum()) > 0
     with torch.no_grad():
         expected = greedy_decode(recognizer.model, prompt, 16, eos).token_ids
         assert speculative_decode(recognizer.model, prompt, 16, eos, 8).token_ids == expected
+
+
+def test_length_weights_favour_long_texts_and_keep_each_types_share():
+    from gravityocr.model.strip_training import LONGEST_WEIGHT, SHORTEST_WEIGHT, CachedItem, length_weights
+
+    texts = [("text", "ab"), ("text", "a" * 40), ("text", "b" * 1000), ("table", "x" * 50), ("table", "y" * 500)]
+    items = [CachedItem(str(i), kind, None, None, [], text) for i, (kind, text) in enumerate(texts)]
+    weights = length_weights(items)
+    # within a type: in proportion to the clamped length
+    assert weights[1] / weights[0] == pytest.approx(40 / SHORTEST_WEIGHT)
+    assert weights[2] / weights[1] == pytest.approx(LONGEST_WEIGHT / 40)
+    # across types: each type's draws as its item count gives them (3 text items, 2 tables)
+    assert sum(weights[:3]) == pytest.approx(3) and sum(weights[3:]) == pytest.approx(2)

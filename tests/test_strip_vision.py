@@ -4,6 +4,7 @@ model saves and loads with its processor, and every decoding path stays exact wi
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,8 @@ from gravityocr.model.engine import Engine, EngineConfig, Request
 from gravityocr.model.loading import Recognizer, load_recognizer, save_recognizer
 from gravityocr.model.modeling import STRIP_TOWER, GravityOcrForConditionalGeneration, vision_tower_of
 from gravityocr.model.processor import OcrProcessor
-from gravityocr.model.strip_vision import CELL_WIDTH, IMAGE_HEIGHT, StripImageProcessor, cells_to_strips
+from gravityocr.model.strip_vision import (CELL_WIDTH, IMAGE_HEIGHT, ReadingPrefix, StripImageProcessor, cells_to_strips,
+                                           reading_slots)
 
 from conftest import SEPARATED_INIT
 
@@ -74,8 +76,10 @@ def strip_recognizer(tokenizer):
     torch.manual_seed(0)
     config = build_config(tokenizer, SEPARATED_INIT)
     config.vision_tower = STRIP_TOWER
+    prefix = ReadingPrefix.for_tokenizer(tokenizer)
+    config.reading_prefix = asdict(prefix)
     model = GravityOcrForConditionalGeneration(config).to(torch.float64).eval()
-    return Recognizer(model, OcrProcessor(tokenizer, StripImageProcessor()))
+    return Recognizer(model, OcrProcessor(tokenizer, StripImageProcessor(), reading_placeholder_id=prefix.placeholder_id))
 
 
 def test_the_model_saves_and_loads_with_its_tower_and_processor(strip_recognizer, tmp_path):
@@ -88,8 +92,39 @@ def test_the_model_saves_and_loads_with_its_tower_and_processor(strip_recognizer
     with torch.no_grad():
         before = model.encode_images(prompt.pixel_values, prompt.image_grid_thw)[0]
         after = loaded.model.encode_images(prompt.pixel_values, prompt.image_grid_thw)[0]
-    assert before.shape == (prompt.image_grid_thw.prod() // 4, model.config.text_config.hidden_size)
+    _, height, width = prompt.image_grid_thw[0].tolist()
+    visual, slots = height * width // 4, reading_slots(height // 2, width // 2)
+    assert before.shape == (visual + slots, model.config.text_config.hidden_size)
+    assert int((prompt.input_ids == loaded.processor.reading_placeholder_id).sum()) == slots
     assert torch.equal(before, after)
+
+
+def test_the_reading_prefix_holds_what_the_pretrained_classifier_reads(tokenizer, tmp_path):
+    """With the pretrained weights, a clean line's reading prefix is its text, and a
+    two-line crop's is both lines (one per strip, overlapping strips read them again)
+    joined by newlines, then empty positions up to the slot count."""
+    from gravityocr.model.ppocr_tower import convert_onnx, rapidocr_model_path
+    from gravityocr.model.strip_training import start_model
+
+    start = tmp_path / "start"
+    config = build_config(tokenizer, SEPARATED_INIT)
+    save_recognizer(Recognizer(GravityOcrForConditionalGeneration(config), OcrProcessor(tokenizer, StripImageProcessor())), start)
+    tower = convert_onnx(rapidocr_model_path(), tmp_path / "tower.safetensors")
+    recognizer = start_model(start, tower, reading_prefix=True)
+    model, processor = recognizer.model, recognizer.processor
+    prefix = ReadingPrefix.of(model.config)
+    for lines in ([TEXT], ["Whole pages", "a reader trusts"]):
+        prompt = processor.encode(render(lines, 22, 6), "text")
+        _, height, width = prompt.image_grid_thw[0].tolist()
+        with torch.no_grad():
+            features = model.strip_vision.token_features(prompt.pixel_values, prompt.image_grid_thw)[0]
+            ids = model.strip_vision.reading_ids(features, height // 2, width // 2, prefix).tolist()
+        assert len(ids) == reading_slots(height // 2, width // 2) == int((prompt.input_ids == prefix.placeholder_id).sum())
+        read = [i for i in ids if i != prefix.empty_id]
+        assert ids[len(read):] == [prefix.empty_id] * (len(ids) - len(read))
+        strips = processor.decode(read).split("\n")
+        assert len(strips) == height // 2
+        assert all(line in strips for line in lines), strips
 
 
 def test_an_unknown_vision_tower_is_refused(tokenizer):
