@@ -143,7 +143,25 @@ class GravityOcrForConditionalGeneration(GlmOcrForConditionalGeneration):
 
     def rope_positions(self, input_ids: torch.Tensor, image_grid_thw: torch.Tensor | None) -> tuple[torch.Tensor, int]:
         """GLM-OCR's 3-D rope positions for one prompt (1, P), and the position the first
-        response token takes. Text after the prompt advances all three axes together."""
+        response token takes. Text after the prompt advances all three axes together.
+
+        Reading-prefix positions (model/strip_vision.py) are left out of that count: the
+        prefix's k-th token takes the position of the k-th response token, so the token to
+        copy next always sits one position past the one being predicted from, whatever
+        the prompt's length (a fixed rope offset a head can follow; the prefix is still
+        before the response in the attention order)."""
+        reading = getattr(self.config, "reading_prefix", None)
+        if reading:
+            is_reading = (input_ids[0] == reading["placeholder_id"])
+            if bool(is_reading.any()):
+                kept, first = self._rope_positions(input_ids[:, ~is_reading], image_grid_thw)
+                positions = torch.empty(3, 1, input_ids.shape[1], dtype=kept.dtype, device=kept.device)
+                positions[:, :, ~is_reading] = kept
+                positions[:, :, is_reading] = first + torch.arange(int(is_reading.sum()), device=kept.device)
+                return positions, first
+        return self._rope_positions(input_ids, image_grid_thw)
+
+    def _rope_positions(self, input_ids: torch.Tensor, image_grid_thw: torch.Tensor | None) -> tuple[torch.Tensor, int]:
         mm_token_type_ids = (input_ids == self.config.image_token_id).int()
         if image_grid_thw is None or not bool(mm_token_type_ids.any()):
             length = input_ids.shape[1]

@@ -26,11 +26,13 @@ starts at zero, so a model without it is the same function.
 Reading prefix (models whose config has `reading_prefix`): what that classifier reads,
 greedy CTC (best class per step, repeats and blanks collapsed, strips joined by a newline),
 follows the visual tokens as ordinary text tokens of the decoder's own vocabulary, in
-`reading_slots` placeholder positions (the rest filled with an empty token). Copying from a
-text sequence is what small decoders learn fastest (an induction head); correcting it from
-the visual tokens, and turning it into a table's HTML or a formula's LaTeX, is what the
-decoder is trained for. The slot count depends on the crop's size alone, so the processor
-counts the prompt before the tower runs.
+`reading_slots` placeholder positions (the rest filled with an empty token). The prefix's
+k-th token takes the rope position of the k-th response token (GravityOcrForConditionalGeneration.
+rope_positions), so on a line the character to write next is read one position ahead of the
+one being written, at every length: a copy by position, which a content-matching copy loses
+on a line that repeats a word. Correcting the reading from the visual tokens, and turning it
+into a table's HTML or a formula's LaTeX, is what the decoder is trained for. The slot count
+depends on the crop's size alone, so the processor counts the prompt before the tower runs.
 
 The processor hands the engine `pixel_values` of shape (cells, 3·48·24), one 48×24 cell
 per visual token in row-major order, and `image_grid_thw` = (1, 2·rows, 2·columns): the

@@ -99,6 +99,20 @@ def test_the_model_saves_and_loads_with_its_tower_and_processor(strip_recognizer
     assert torch.equal(before, after)
 
 
+def test_the_reading_prefix_takes_the_positions_of_the_response(strip_recognizer):
+    """The k-th reading token sits at the k-th response token's rope position; the rest of
+    the prompt keeps the positions it has without the prefix."""
+    model, processor = strip_recognizer.model, strip_recognizer.processor
+    prompt = processor.encode(render([TEXT], 20, 4), "text")
+    is_reading = prompt.input_ids[0] == processor.reading_placeholder_id
+    positions, first = model.rope_positions(prompt.input_ids, prompt.image_grid_thw)
+    without, first_without = model.rope_positions(prompt.input_ids[:, ~is_reading], prompt.image_grid_thw)
+    assert first == first_without
+    assert torch.equal(positions[:, :, ~is_reading], without)
+    expected = first + torch.arange(int(is_reading.sum()))
+    assert all(torch.equal(positions[axis, 0, is_reading], expected) for axis in range(3))
+
+
 def test_the_reading_prefix_holds_what_the_pretrained_classifier_reads(tokenizer, tmp_path):
     """With the pretrained weights, a clean line's reading prefix is its text, and a
     two-line crop's is both lines (one per strip, overlapping strips read them again)
