@@ -272,9 +272,8 @@ class GrpoTrainer:
 
 def add_arguments(parser) -> None:
     add_run_arguments(parser, "grpo_log.jsonl")
-    parser.add_argument("--init-from", help="weights to start from (overrides the config; default: the shipped model)")
 
 
 def run(args) -> int:
     return run_recipe(args, GrpoConfig, {"sources": CropSource}, GrpoTrainer,
-                      ("output_dir", "init_from", "steps", "threads", "device", "max_seconds"))
+                      ("output_dir", "init_from", "seed", "steps", "threads", "device", "max_seconds"))

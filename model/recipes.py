@@ -64,6 +64,8 @@ def add_run_arguments(parser: argparse.ArgumentParser, log_name: str) -> None:
     parser.add_argument("--threads", type=int, help="torch threads (overrides the config)")
     parser.add_argument("--device", help="torch device, e.g. cuda (overrides the config)")
     parser.add_argument("--max-seconds", type=float, help="this invocation's time budget (overrides the config)")
+    parser.add_argument("--seed", type=int, help="data and initialisation seed (overrides the config)")
+    parser.add_argument("--init-from", help="weights to start from (overrides the config)")
     parser.add_argument("--export", metavar="DIR", help="afterwards, write a float16 weights-only snapshot here")
     parser.add_argument("--no-progress", action="store_true", help=f"no progress bar (records still go to {log_name})")
 
@@ -73,7 +75,7 @@ def run_recipe(args: argparse.Namespace, settings_type: type, nested: dict[str, 
     """Read the recipe, apply the flags given, train (resuming where a checkpoint is) and export."""
     settings: Any = read_recipe(settings_type, args.config, nested) if args.config else settings_type()
     for name in overridable:
-        if getattr(args, name):  # a flag given on the command line overrides the config file
+        if getattr(args, name) is not None:  # a flag given on the command line overrides the config file
             setattr(settings, name, getattr(args, name))
     trainer = trainer_type(settings)  # validates the settings
     if trainer.step:

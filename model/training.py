@@ -497,4 +497,4 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     return run_recipe(args, TrainConfig, {"curriculum": CurriculumPhase}, Trainer,
-                      ("output_dir", "steps", "threads", "device", "data_workers", "max_seconds"))
+                      ("output_dir", "init_from", "seed", "steps", "threads", "device", "data_workers", "max_seconds"))

@@ -330,3 +330,19 @@ def test_distilled_training_logs_its_kl_terms_and_the_teacher_stays_fixed(tmp_pa
                                    "draft_share": 0.0}))
     assert plain.teacher is None
     assert all(record.teacher_kl is None and record.draft_kl is None for record in plain.run(progress_bar=False))
+
+
+@pytest.mark.timeout(300)
+def test_seed_flag_overrides_the_recipe(tmp_path):
+    """`--seed N` runs what a recipe with `seed: N` runs (a repeat is a flag, not a file)."""
+    config_file, seeded_file = tmp_path / "train.yaml", tmp_path / "seeded.yaml"
+    config_file.write_text(CONFIG_YAML)
+    seeded_file.write_text(CONFIG_YAML + "seed: 7\n")
+    runs = {name: tmp_path / name for name in ("flag", "file", "default")}
+    common = ["--no-progress", "--steps", "1"]
+    assert main(["train", "--config", str(config_file), "--output-dir", str(runs["flag"]), "--seed", "7", *common]) == 0
+    assert main(["train", "--config", str(seeded_file), "--output-dir", str(runs["file"]), *common]) == 0
+    assert main(["train", "--config", str(config_file), "--output-dir", str(runs["default"]), *common]) == 0
+    flag, file, default = (_weights(runs[name]) for name in ("flag", "file", "default"))
+    assert all(torch.equal(flag[name], file[name]) for name in flag)
+    assert not all(torch.equal(flag[name], default[name]) for name in flag)
