@@ -70,6 +70,13 @@ class GravityOcrForConditionalGeneration(GlmOcrForConditionalGeneration):
             hf_init.zeros_(module.weight)
 
     @property
+    def reading_prefix(self):
+        """The reading prefix's token ids (model/strip_vision.py), or None: no prefix."""
+        from .strip_vision import ReadingPrefix
+
+        return ReadingPrefix.of(self.config)
+
+    @property
     def mask_token_id(self) -> int:
         return int(self.config.mask_token_id)
 
@@ -87,9 +94,9 @@ class GravityOcrForConditionalGeneration(GlmOcrForConditionalGeneration):
     def embed_strip_features(self, features: list[torch.Tensor], image_grid_thw: torch.Tensor) -> list[torch.Tensor]:
         """The strip tower's token features (one tensor per image) -> what fills each image's
         placeholders: projected visual tokens, then the reading prefix (model/strip_vision.py)."""
-        from .strip_vision import MERGE, ReadingPrefix
+        from .strip_vision import MERGE
 
-        prefix = ReadingPrefix.of(self.config)
+        prefix = self.reading_prefix
         out = []
         for features_of_image, (_, grid_h, grid_w) in zip(features, image_grid_thw.tolist()):
             visual = self.strip_vision.project(features_of_image)
@@ -109,9 +116,9 @@ class GravityOcrForConditionalGeneration(GlmOcrForConditionalGeneration):
         embeds = torch.where(is_mask[..., None], self.mask_embedding.to(embeds.dtype), embeds)
         if image_embeds is not None:
             is_image = input_ids == self.config.image_token_id
-            reading = getattr(self.config, "reading_prefix", None)
-            if reading:
-                is_image = is_image | (input_ids == reading["placeholder_id"])
+            prefix = self.reading_prefix
+            if prefix is not None:
+                is_image = is_image | (input_ids == prefix.placeholder_id)
             n_placeholders = int(is_image.sum())
             if n_placeholders != image_embeds.shape[0]:
                 raise ValueError(
@@ -150,9 +157,9 @@ class GravityOcrForConditionalGeneration(GlmOcrForConditionalGeneration):
         copy next always sits one position past the one being predicted from, whatever
         the prompt's length (a fixed rope offset a head can follow; the prefix is still
         before the response in the attention order)."""
-        reading = getattr(self.config, "reading_prefix", None)
-        if reading:
-            is_reading = (input_ids[0] == reading["placeholder_id"])
+        prefix = self.reading_prefix
+        if prefix is not None:
+            is_reading = input_ids[0] == prefix.placeholder_id
             if bool(is_reading.any()):
                 kept, first = self._rope_positions(input_ids[:, ~is_reading], image_grid_thw)
                 positions = torch.empty(3, 1, input_ids.shape[1], dtype=kept.dtype, device=kept.device)

@@ -82,7 +82,7 @@ class OcrProcessor:
     def __init__(self, tokenizer: PreTrainedTokenizerBase, image_processor, template: str = CHAR_TEMPLATE,
                  max_context: int = 4096, reading_placeholder_id: int | None = None):
         self.tokenizer = tokenizer
-        # a strip model with a reading prefix (model/strip_vision.py): its positions follow the image's
+        # a strip model with a reading prefix (model/strip_vision.py): its placeholders follow the image's
         self.reading_placeholder_id = reading_placeholder_id
         self.image_processor = image_processor
         self.template = template
