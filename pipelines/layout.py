@@ -431,6 +431,12 @@ def _shared(gaps_a: list[tuple[int, int]], gaps_b: list[tuple[int, int]]) -> lis
     return [(max(a0, b0), min(a1, b1)) for a0, a1 in gaps_a for b0, b1 in gaps_b if min(a1, b1) > max(a0, b0)]
 
 
+def _starts_a_section(strip: list[Region], below: list[list[Region]], tolerance: int) -> bool:
+    """A strip of titles without a gutter of its own, followed by a strip with one."""
+    return (all(region.type == "title" for region in strip) and not _column_gaps(strip, tolerance)
+            and bool(below) and bool(_column_gaps(below[0], tolerance)))
+
+
 def _order(regions: list[Region], tolerance: int) -> list[Region]:
     if len(regions) <= 1:
         return list(regions)
@@ -445,10 +451,11 @@ def _order(regions: list[Region], tolerance: int) -> list[Region]:
     # beside the other column's gap, stays in its column); a strip with a region across
     # every gutter (a full-width title or figure) breaks the columns. Strips without a
     # gutter of their own before any band (indented items, a term above its description)
-    # are read top to bottom.
+    # are read top to bottom. A strip of titles alone, with columns below it again, is a
+    # section heading across the page: the columns above it end there.
     bands: list[tuple[list[Region], list[tuple[int, int]]]] = []
-    for strip in strips:
-        if bands and bands[-1][1]:
+    for index, strip in enumerate(strips):
+        if bands and bands[-1][1] and not _starts_a_section(strip, strips[index + 1:], tolerance):
             merged = bands[-1][0] + strip
             gaps = _column_gaps(merged, tolerance)
             if gaps:

@@ -204,6 +204,37 @@ def two_column_page(seed: int = 0, paragraphs_per_column: int = 3, page_number: 
     return canvas.page()
 
 
+def sectioned_columns_page(seed: int = 0, page_number: int = 1) -> SyntheticPage:
+    """Two sections of two columns each, a full-width heading between them; the second
+    section has a figure with its caption in the left column and a ruled table in the
+    right. Reading order: title, section one's left then right column, the heading, the
+    left column (paragraph, figure, caption), the right (paragraph, table), the footer."""
+    rng = random.Random(seed)
+    canvas = PageCanvas()
+    gutter = 60
+    column = (PAGE_WIDTH - 2 * MARGIN - gutter) // 2
+    right = MARGIN + column + gutter
+    y0 = canvas.text_block("title", sentence(rng, 4).rstrip("."), MARGIN, 150, PAGE_WIDTH - 2 * MARGIN,
+                           TITLE_SIZE, bold=True, pitch=52) + 40
+    ends = []
+    for x in (MARGIN, right):
+        y = y0
+        for _ in range(2):
+            y = canvas.text_block("text", paragraph_text(rng, 2), x, y, column) + PARAGRAPH_GAP
+        ends.append(y)
+    y0 = canvas.text_block("title", f"{page_number}.1 " + sentence(rng, 3).rstrip("."), MARGIN, max(ends) + 20,
+                           PAGE_WIDTH - 2 * MARGIN, TITLE_SIZE - 12, bold=True, pitch=40) + 30
+    y = canvas.text_block("text", paragraph_text(rng, 2), MARGIN, y0, column) + PARAGRAPH_GAP
+    y = canvas.figure(MARGIN + 40, y, column - 80, 260, rng) + 14
+    canvas.text_block("caption", f"Figure {page_number}: {sentence(rng, 4)}", MARGIN, y, column, SMALL_SIZE + 2,
+                      pitch=26, center=True)
+    y = canvas.text_block("text", paragraph_text(rng, 2), right, y0, column) + PARAGRAPH_GAP + 10
+    rows = [["name", "value"]] + [[rng.choice(WORDS), str(rng.randint(1, 999))] for _ in range(3)]
+    canvas.table(rows, right + 40, y, column - 80)
+    canvas.furniture(f"GravityOCR sectioned sample {seed}", f"{page_number}")
+    return canvas.page()
+
+
 def table_formula_page(seed: int = 0, page_number: int = 1) -> SyntheticPage:
     """Title, paragraph, ruled table, paragraph, display formula, figure + caption."""
     rng = random.Random(seed)

@@ -21,6 +21,7 @@ from gravityocr.pipelines.layout import (
 from gravityocr.pipelines.synthetic_pages import (
     LINE_PITCH,
     font,
+    sectioned_columns_page,
     single_column_page,
     table_formula_page,
     two_column_page,
@@ -91,6 +92,33 @@ def test_reading_order_full_width_region_breaks_the_columns():
         ("figure", (100, 700)), ("text", (100, 1100)), ("text", (620, 1100)), ("footer", (500, 1700)),
     ]
     assert [r.order for r in ordered] == list(range(8))
+
+
+def test_reading_order_a_heading_in_one_column_with_text_beside_it_stays_in_its_column():
+    # a column's own section heading: the other column has text beside it, so no break
+    regions = _boxes(
+        ("text", (100, 200, 580, 400)), ("title", (100, 430, 400, 460)), ("text", (100, 480, 580, 700)),
+        ("text", (620, 200, 1100, 700)),
+    )
+    assert [r.bbox[:2] for r in reading_order(list(reversed(regions)))] == [
+        (100, 200), (100, 430), (100, 480), (620, 200)]
+
+
+@pytest.mark.parametrize("backend, lines", [("projection", "projection"), ("rapid", "rapidocr")])
+@pytest.mark.parametrize("seed", [0, 3])
+def test_rendered_sectioned_page_reads_in_order(backend, lines, seed):
+    # two column sections under a heading across the page, a figure with its caption in one
+    # column and a table in the other, running header and footer: every truth region is
+    # found once and the regions come in the truth's order
+    if backend == "rapid":
+        pytest.importorskip("rapid_layout")
+        pytest.importorskip("rapidocr")
+    page = sectioned_columns_page(seed=seed)
+    regions = layout_page(page.image, make_layout(backend), make_line_splitter(lines))
+    matched = [max(range(len(page.regions)), key=lambda i: _iou(region.bbox, page.regions[i].bbox))
+               for region in regions]
+    assert matched == list(range(len(page.regions))), [(r.type, r.bbox) for r in regions]
+    assert [r.type for r in regions] == page.types
 
 
 def test_reading_order_aligned_paragraph_gaps_do_not_interleave_columns():
