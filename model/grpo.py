@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from . import synthetic
 from .joint_loss import IGNORE, JointBatch, Objective, TargetCounts, TrainingSample, backward_in_micro_batches, \
-    build_joint_batch, check_draft_ratio_fraction, joint_logits, split_by_length
+    build_joint_batch, joint_logits, split_by_length
 from .loading import DEFAULT_MODEL_DIR, load_recognizer
 from .metrics import score
 from .recipes import add_run_arguments, read_recipe, run_recipe
@@ -62,7 +62,6 @@ class GrpoConfig:
     micro_batch_tokens: int = 0  # >0: the loss pass in length-sorted micro-batches of this many tokens
     denoise_weight: float = 0.0  # >0: plus this times the denoising loss on the crops' true targets
     block_size: int = 32  # draft block of that denoising term
-    draft_ratio_fraction: float = 0.0  # as in TrainConfig: that term's share of all-masked samples
     seed: int = 0
     threads: int = 1
     device: str = "cpu"
@@ -87,7 +86,6 @@ class GrpoConfig:
             raise ValueError(f"denoise_weight must be 0 (off) or positive, got {self.denoise_weight}")
         if self.block_size < 2:
             raise ValueError(f"block_size must be at least 2, got {self.block_size}")
-        check_draft_ratio_fraction(self.draft_ratio_fraction)
         if not self.sources:
             raise ValueError("sources must name at least one stage to draw crops from")
         for source in self.sources:
@@ -202,8 +200,7 @@ class GrpoTrainer:
     def drafter_loss_backward(self, truths: list[TrainingSample], step: int) -> float:
         """Backpropagates the weighted denoising loss of the crops' true targets; returns that loss."""
         batch = build_joint_batch(self.model, truths, Objective.NO_AR, self.config.block_size,
-                                  generator=self.step_generator(step),
-                                  draft_ratio_fraction=self.config.draft_ratio_fraction)
+                                  generator=self.step_generator(step))
         parts, _ = backward_in_micro_batches(self.model, batch, Objective.NO_AR, self.config.micro_batch_tokens,
                                              self.config.denoise_weight)
         return float(parts.denoise)

@@ -31,7 +31,6 @@ class Objective(str, enum.Enum):
 class TrainingSample:
     prompt: EncodedPrompt
     target_ids: list[int]  # the response, ending with eos
-    column_labels: list[int] | None = None  # a single text line's characters, for the auxiliary CTC loss
 
 
 @dataclass
@@ -44,45 +43,13 @@ class JointBatch:
     ar_targets: torch.Tensor  # (N, T): target of the logit at each position, IGNORE elsewhere
     denoise_targets: torch.Tensor  # (N, T)
     layouts: list[JointLayout]
-    # (N, T): for each denoising target, the clean-stream position whose logit predicts the
-    # same token (the verifier's reading of it); -1 elsewhere
-    denoise_sources: torch.Tensor
 
 
 @dataclass
 class LossParts:
-    """`ar` and `denoise` are always the hard-target losses (comparable across recipes);
-    `total` mixes in the soft ones by the `Distillation` shares."""
-
     total: torch.Tensor
     ar: torch.Tensor
     denoise: torch.Tensor
-    teacher_kl: torch.Tensor | None = None  # KL(teacher AR || model AR) per AR target
-    draft_kl: torch.Tensor | None = None  # KL(own AR, detached || drafter) per denoising target
-
-
-@dataclass(frozen=True)
-class Distillation:
-    """Soft targets beside the hard ones.
-
-    `teacher_share`: that share of the AR term is the KL from a fixed teacher's AR
-    distribution (the starting weights), to hold the verifier's greedy reading where it was
-    while the drafter trains (formulas lost 0.01-0.02 in every CPU stage that trained the
-    drafter on smaller blocks, docs/training-log.md stages 41-42). Measured at 0.8 (stage 43):
-    it did not hold them (formula 0.967 -> 0.946 at a KL of 0.005-0.01 per token).
-    `draft_share`: that share of the denoising term is the KL from the model's own AR
-    distribution for the same token, detached: a draft is accepted when it matches the
-    verifier, not the ground truth, and the verifier's full distribution says more than
-    one token (as DistillSpec distils a draft model from its target)."""
-
-    teacher_share: float = 0.0
-    draft_share: float = 0.0
-
-    def validate(self) -> None:
-        for name in ("teacher_share", "draft_share"):
-            share = getattr(self, name)
-            if not 0.0 <= share <= 1.0:
-                raise ValueError(f"{name} must be a share in [0, 1], got {share}")
 
 
 @dataclass(frozen=True)
@@ -104,11 +71,6 @@ class MicroBatch:
     batch: JointBatch
 
 
-def check_draft_ratio_fraction(fraction: float) -> None:
-    if not 0.0 <= fraction <= 1.0:
-        raise ValueError(f"draft_ratio_fraction must be a share in [0, 1], got {fraction}")
-
-
 def build_joint_batch(
     model: GravityOcrForConditionalGeneration,
     samples: list[TrainingSample],
@@ -116,16 +78,10 @@ def build_joint_batch(
     block_size: int = 32,
     random_block_offset: bool = True,
     generator: torch.Generator | None = None,
-    draft_ratio_fraction: float = 0.0,
     min_block_size: int = 0,
     pad_final_block: bool = False,
 ) -> JointBatch:
-    """`draft_ratio_fraction`: the share of samples whose stream A masks every response
-    token (ratio t = 1; stream B then is clean and carries no target). That is the state
-    a draft pass decodes from (a block of masks after clean tokens); a uniform t puts
-    only ~1 target in 5 above ratio 0.9, where a mask's block-mates are mostly masks too.
-
-    `min_block_size` > 0: each sample's block size is drawn from min_block_size..block_size,
+    """`min_block_size` > 0: each sample's block size is drawn from min_block_size..block_size,
     so blocks of every size that decoding uses (draft-ahead blocks of L < B, blocks cut by a
     budget) occur mid-response. `pad_final_block`: the last block is filled up past eos
     with masks that carry no target, in both streams, as a block of masks that runs past
@@ -134,7 +90,7 @@ def build_joint_batch(
     (`</tr></table><eos>` closes every draft-ahead block of the shipped model)."""
     corrupted = objective != Objective.AR_ONLY
     pad_id = model.config.pad_token_id or 0
-    rows, positions, masks, ar_rows, denoise_rows, source_rows, layouts = [], [], [], [], [], [], []
+    rows, positions, masks, ar_rows, denoise_rows, layouts = [], [], [], [], [], []
     for sample in samples:
         prefix = sample.prompt.input_ids
         target = torch.tensor(sample.target_ids, dtype=torch.long)
@@ -154,23 +110,17 @@ def build_joint_batch(
         ar_target = torch.full((layout.total_len,), IGNORE)
         ar_target[P - 1:P - 1 + real] = target[:real]
         denoise_target = torch.full((layout.total_len,), IGNORE)
-        denoise_source = torch.full((layout.total_len,), -1)
         if corrupted:
             ratio = float(torch.rand((), generator=generator))
-            if draft_ratio_fraction > 0 and float(torch.rand((), generator=generator)) < draft_ratio_fraction:
-                ratio = 1.0
             masked_in_a = complementary_mask_choice(L, ratio, generator)
             for stream_masked, start in ((masked_in_a, P + L), (~masked_in_a, P + 2 * L)):
                 ids.append(target.masked_fill(stream_masked | is_padding, model.mask_token_id))
                 denoise_target[start:start + L] = target.masked_fill(~stream_masked | is_padding, IGNORE)
-                denoise_source[start:start + L] = torch.arange(P - 1, P - 1 + L).masked_fill(
-                    ~stream_masked | is_padding, -1)
         rows.append(torch.cat(ids))
         positions.append(joint_position_ids(prefix_positions[:, 0], first_response, layout))
         masks.append(joint_attention_mask(layout))
         ar_rows.append(ar_target)
         denoise_rows.append(denoise_target)
-        source_rows.append(denoise_source)
         layouts.append(layout)
 
     total = max(r.numel() for r in rows)
@@ -187,7 +137,6 @@ def build_joint_batch(
         ar_targets=pad(ar_rows, IGNORE),
         denoise_targets=pad(denoise_rows, IGNORE),
         layouts=layouts,
-        denoise_sources=pad(source_rows, -1),
     )
 
 
@@ -223,29 +172,15 @@ def split_by_length(batch: JointBatch, max_tokens: int) -> list[MicroBatch]:
             ar_targets=batch.ar_targets[rows, :total],
             denoise_targets=batch.denoise_targets[rows, :total],
             layouts=[batch.layouts[i] for i in group],
-            denoise_sources=batch.denoise_sources[rows, :total],
         )))
     return micro_batches
 
 
-def joint_logits(model: GravityOcrForConditionalGeneration, batch: JointBatch, columns: int | None = None) -> torch.Tensor:
-    """`columns`: only the first that many positions (a prefix of every row is a valid
-    batch: each stream attends only to what precedes it and to its own stream)."""
+def joint_logits(model: GravityOcrForConditionalGeneration, batch: JointBatch) -> torch.Tensor:
     device = model.device
     image_embeds = torch.cat(model.encode_images(batch.pixel_values.to(device), batch.image_grid_thw.to(device)))
-    ids, positions, mask = batch.input_ids, batch.position_ids, batch.attention_mask
-    if columns is not None:
-        ids, positions, mask = ids[:, :columns], positions[:, :, :columns], mask[:, :, :columns, :columns]
-    embeds = model.embed(ids.to(device), image_embeds)
-    return model.logits_from_embeds(embeds, positions.to(device), mask.to(device))
-
-
-@torch.no_grad()
-def teacher_log_probs(teacher: GravityOcrForConditionalGeneration, batch: JointBatch) -> torch.Tensor:
-    """The teacher's AR log-probabilities over the prompt and clean stream of every row (the
-    corrupted streams, two thirds of a joint row, are left out: no AR target lies there)."""
-    clean_end = max(layout.prefix_len + layout.response_len for layout in batch.layouts)
-    return joint_logits(teacher, batch, clean_end).float().log_softmax(-1)
+    embeds = model.embed(batch.input_ids.to(device), image_embeds)
+    return model.logits_from_embeds(embeds, batch.position_ids.to(device), batch.attention_mask.to(device))
 
 
 def joint_loss(
@@ -253,43 +188,22 @@ def joint_loss(
     batch: JointBatch,
     objective: Objective = Objective.JOINT,
     counts: TargetCounts | None = None,
-    distillation: Distillation = Distillation(),
-    teacher: GravityOcrForConditionalGeneration | None = None,
 ) -> LossParts:
     """Mean losses per target token; with `counts` (a whole step's, for one of its
-    micro-batches) the sums are divided by those instead. `teacher` is needed when
-    `distillation.teacher_share` > 0."""
+    micro-batches) the sums are divided by those instead."""
     counts = counts or TargetCounts.of(batch)
     logits = joint_logits(model, batch).float()
     vocab = logits.shape[-1]
     ar_targets = batch.ar_targets.to(logits.device)
     denoise_targets = batch.denoise_targets.to(logits.device)
     ar = F.cross_entropy(logits.view(-1, vocab), ar_targets.view(-1), ignore_index=IGNORE, reduction="sum") / counts.ar
-    ar_term = ar
-    teacher_kl = draft_kl = None
-    log_probs = logits.log_softmax(-1) if distillation.teacher_share or distillation.draft_share else None
-    if distillation.teacher_share > 0 and teacher is None:
-        raise ValueError("teacher_share > 0 needs a teacher model")
-    if distillation.teacher_share > 0 and objective != Objective.NO_AR:  # NO_AR trains no AR term
-        at_ar = ar_targets != IGNORE
-        reference = teacher_log_probs(teacher, batch)
-        teacher_kl = F.kl_div(log_probs[at_ar], reference[at_ar[:, :reference.shape[1]]], reduction="sum",
-                              log_target=True) / counts.ar
-        ar_term = (1 - distillation.teacher_share) * ar + distillation.teacher_share * teacher_kl
     zero = logits.new_zeros(())
     if objective == Objective.AR_ONLY:
-        return LossParts(total=ar_term, ar=ar, denoise=zero, teacher_kl=teacher_kl)
+        return LossParts(total=ar, ar=ar, denoise=zero)
     denoise = F.cross_entropy(logits.view(-1, vocab), denoise_targets.view(-1), ignore_index=IGNORE,
                               reduction="sum") / counts.denoise
-    denoise_term = denoise
-    if distillation.draft_share > 0:
-        sources = batch.denoise_sources.to(logits.device)
-        rows, columns = (sources >= 0).nonzero(as_tuple=True)
-        verifier = log_probs[rows, sources[rows, columns]].detach()
-        draft_kl = F.kl_div(log_probs[rows, columns], verifier, reduction="sum", log_target=True) / counts.denoise
-        denoise_term = (1 - distillation.draft_share) * denoise + distillation.draft_share * draft_kl
-    total = denoise_term if objective == Objective.NO_AR else ar_term + denoise_term
-    return LossParts(total=total, ar=ar, denoise=denoise, teacher_kl=teacher_kl, draft_kl=draft_kl)
+    total = denoise if objective == Objective.NO_AR else ar + denoise
+    return LossParts(total=total, ar=ar, denoise=denoise)
 
 
 def backward_in_micro_batches(model: GravityOcrForConditionalGeneration, batch: JointBatch, objective: Objective,

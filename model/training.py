@@ -13,7 +13,6 @@ Two measured facts shape the recipe (shared/notes/training-the-small-model.md):
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import multiprocessing
@@ -29,11 +28,9 @@ import torch
 from tqdm import tqdm
 
 from . import synthetic
-from .column_ctc import ColumnCtcHead
 from .configs import SMALL, TINY, build_config
-from .growth import grow_vision_depth
-from .joint_loss import (Distillation, JointBatch, Objective, TargetCounts, TrainingSample, build_joint_batch,
-                         check_draft_ratio_fraction, joint_loss, split_by_length)
+from .joint_loss import (JointBatch, Objective, TargetCounts, TrainingSample, build_joint_batch, joint_loss,
+                         split_by_length)
 from .loading import Recognizer, load_recognizer, save_recognizer
 from .modeling import GravityOcrForConditionalGeneration
 from .processor import OcrProcessor, make_image_processor
@@ -65,19 +62,10 @@ class TrainConfig:
     weight_decay: float = 0.01
     clip_norm: float = 1.0
     block_size: int = 32
-    # share of samples trained in the draft pass's own state: every response token masked in
-    # stream A (joint_loss.build_joint_batch); 0 keeps the mask ratio uniform. At 0.5 it did not
-    # raise acceptance on CPU (docs/training-log.md stage 12)
-    draft_ratio_fraction: float = 0.0
     # joint_loss.build_joint_batch: blocks of min_block_size..block_size (0: all block_size),
     # the last block filled up past eos with masks
     min_block_size: int = 0
     pad_final_block: bool = False
-    # joint_loss.Distillation: shares of the AR term taken from a fixed teacher (`teacher`,
-    # else the `init_from` weights) and of the denoising term from the model's own AR reading
-    teacher_share: float = 0.0
-    draft_share: float = 0.0
-    teacher: str | None = None
     seed: int = 0
     threads: int = 0  # 0: GRAVITYOCR_THREADS, else 1 (on a shared 2-core box one thread beats two)
     device: str = "cpu"
@@ -89,10 +77,6 @@ class TrainConfig:
     checkpoint_every: int = 200
     shuffled_loss_every: int = 50
     init_from: str | None = None  # start from these weights (a fresh optimiser)
-    # >0: the vision tower gets this many blocks before training starts; blocks beyond the
-    # starting weights' begin as the identity (model/growth.py). 0: the starting weights' depth
-    vision_depth: int = 0
-    ctc_weight: float = 0.0  # auxiliary CTC loss on the vision tower's columns (single text lines)
     max_pixels: int = 28 * 28 * 1024
     # >0: a step runs as length-sorted micro-batches of at most this many padded tokens (same
     # gradient, far less padding when text lines and tables share a batch); 0: one pass
@@ -121,18 +105,9 @@ class TrainConfig:
             raise ValueError(f"data_workers must be at least 1, got {self.data_workers}")
         if self.micro_batch_tokens < 0:
             raise ValueError(f"micro_batch_tokens must be 0 (one pass) or positive, got {self.micro_batch_tokens}")
-        if self.vision_depth < 0:
-            raise ValueError(f"vision_depth must be 0 (keep the starting depth) or positive, got {self.vision_depth}")
-        check_draft_ratio_fraction(self.draft_ratio_fraction)
-        self.distillation().validate()
-        if self.teacher_share > 0 and not (self.teacher or self.init_from):
-            raise ValueError("teacher_share > 0 needs `teacher` (or `init_from`) weights to distil from")
         if self.min_block_size and not 2 <= self.min_block_size <= self.block_size:
             raise ValueError(f"min_block_size must be 0 or in 2..block_size ({self.block_size}), "
                              f"got {self.min_block_size}")
-
-    def distillation(self) -> Distillation:
-        return Distillation(self.teacher_share, self.draft_share)
 
     def phase_at(self, step: int) -> int:
         start = 0
@@ -151,14 +126,11 @@ class TrainConfig:
 
 @dataclass
 class StepLosses:
-    """One step's losses, summed over its micro-batches; the KL terms only when trained."""
+    """One step's losses, summed over its micro-batches."""
 
     total: float
     ar: float
     denoise: float
-    ctc: float
-    teacher_kl: float | None
-    draft_kl: float | None
 
 
 @dataclass
@@ -170,9 +142,6 @@ class TrainProgress:
     shuffled_loss: float | None
     samples_per_second: float
     phase: str
-    ctc_loss: float = 0.0
-    teacher_kl: float | None = None
-    draft_kl: float | None = None
 
 
 def sample_for_step(config: TrainConfig, step: int, index: int) -> tuple[int, synthetic.CurriculumStage, str | None]:
@@ -191,8 +160,7 @@ def sample_for_step(config: TrainConfig, step: int, index: int) -> tuple[int, sy
 def encode_crop(processor: OcrProcessor, crop: synthetic.SyntheticCrop) -> TrainingSample:
     prompt = processor.encode(crop.image, crop.type)
     text_ids = processor.tokenizer.encode(crop.text, add_special_tokens=False)
-    single_line = crop.type == "text" and "\n" not in crop.text
-    return TrainingSample(prompt, text_ids + processor.eos_token_ids, text_ids if single_line else None)
+    return TrainingSample(prompt, text_ids + processor.eos_token_ids)
 
 
 @dataclass
@@ -203,7 +171,6 @@ class StepBatch:
 
     step: int
     joint: JointBatch
-    column_labels: list[list[int] | None]  # for the auxiliary CTC loss
     shuffled: JointBatch | None  # AR-only batch with images rolled across samples, on logging steps
 
 
@@ -239,14 +206,13 @@ class CropBatches(torch.utils.data.IterableDataset):
             samples.append(encode_crop(self.processor, synthetic.generate_crop(seed, stage, kind)))
         joint = build_joint_batch(self.model, samples, self.config.objective_at(step), self.config.block_size,
                                   generator=step_generator(self.config, step),
-                                  draft_ratio_fraction=self.config.draft_ratio_fraction,
                                   min_block_size=self.config.min_block_size,
                                   pad_final_block=self.config.pad_final_block)
         shuffled = None
         if step % self.config.shuffled_loss_every == 0:
             shuffled = build_joint_batch(self.model, shuffled_image_samples(samples), Objective.AR_ONLY,
                                          self.config.block_size, random_block_offset=False)
-        return StepBatch(step, joint, [sample.column_labels for sample in samples], shuffled)
+        return StepBatch(step, joint, shuffled)
 
     def __iter__(self) -> Iterator[StepBatch]:
         worker = torch.utils.data.get_worker_info()
@@ -319,27 +285,14 @@ class Trainer:
         if (self.checkpoint_dir / "trainer_state.pt").exists():
             self.recognizer = load_recognizer(self.checkpoint_dir)
         else:
-            start = load_recognizer(config.init_from) if config.init_from else build_fresh_recognizer(config)
-            if config.vision_depth:
-                start = grow_vision_depth(start, config.vision_depth, seed=config.seed)
-            self.recognizer = start
+            self.recognizer = load_recognizer(config.init_from) if config.init_from else build_fresh_recognizer(config)
         self.model = self.recognizer.model.to(config.device).train()
-        self.teacher: GravityOcrForConditionalGeneration | None = None
-        if config.teacher_share > 0:
-            self.teacher = load_recognizer(config.teacher or config.init_from).model.to(config.device).eval()
-            self.teacher.requires_grad_(False)
         groups = parameter_groups(self.model, config)
-        self.column_ctc: ColumnCtcHead | None = None
-        if config.ctc_weight > 0:
-            self.column_ctc = ColumnCtcHead(self.model).to(config.device)
-            groups.append({"params": list(self.column_ctc.parameters()), "lr_scale": 1.0})
         self.optimizer = torch.optim.AdamW(groups, lr=config.learning_rate, weight_decay=config.weight_decay)
         self.requested_steps = config.steps  # before a time budget shortens the run
         plan = {"end_step": config.steps}
         if (self.checkpoint_dir / "trainer_state.pt").exists():
             state = torch.load(self.checkpoint_dir / "trainer_state.pt", weights_only=False)
-            if self.column_ctc is not None:
-                self.column_ctc.load_state_dict(state["column_ctc"])
             self.optimizer.load_state_dict(state["optimizer"])
             self.step = state["step"]
             # Asked for the same run again: go on with its plan (a budget may have shortened it)
@@ -361,33 +314,17 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr * group["lr_scale"]
         objective = self.config.objective_at(self.step)
-        distillation = self.config.distillation()
         counts = TargetCounts.of(batch.joint)
-        readable = 0 if self.column_ctc is None else \
-            self.column_ctc.count_readable(batch.joint.image_grid_thw, batch.column_labels)
         self.optimizer.zero_grad(set_to_none=True)
         sums = []  # each micro-batch's losses (StepLosses' order): they add up to the step's
         for micro in split_by_length(batch.joint, self.config.micro_batch_tokens):
-            capturing = contextlib.nullcontext() if self.column_ctc is None else self.column_ctc.capturing(self.model)
-            with capturing:
-                parts = joint_loss(self.model, micro.batch, objective, counts, distillation, self.teacher)
-            total, ctc = parts.total, parts.total.new_zeros(())
-            if self.column_ctc is not None:
-                labels = [batch.column_labels[i] for i in micro.indices]
-                ctc = self.column_ctc.loss(micro.batch.image_grid_thw, labels, readable)
-                total = total + self.config.ctc_weight * ctc
-            total.backward()
-            zero = total.new_zeros(())
-            sums.append(torch.stack([total, parts.ar, parts.denoise, ctc,
-                                     zero if parts.teacher_kl is None else parts.teacher_kl,
-                                     zero if parts.draft_kl is None else parts.draft_kl]).detach())
+            parts = joint_loss(self.model, micro.batch, objective, counts)
+            parts.total.backward()
+            sums.append(torch.stack([parts.total, parts.ar, parts.denoise]).detach())
         torch.nn.utils.clip_grad_norm_([p for group in self.optimizer.param_groups for p in group["params"]],
                                        self.config.clip_norm)
         self.optimizer.step()
-        total, ar, denoise, ctc, teacher_kl, draft_kl = torch.stack(sums).sum(dim=0).tolist()
-        return StepLosses(total, ar, denoise, ctc,
-                          teacher_kl if distillation.teacher_share > 0 and objective != Objective.NO_AR else None,
-                          draft_kl if distillation.draft_share > 0 and objective != Objective.AR_ONLY else None)
+        return StepLosses(*torch.stack(sums).sum(dim=0).tolist())
 
     @torch.no_grad()
     def shuffled_image_loss(self, shuffled: JointBatch) -> float:
@@ -399,7 +336,6 @@ class Trainer:
         write_checkpoint(self.checkpoint_dir, self.recognizer, {
             "optimizer": self.optimizer.state_dict(), "step": self.step,
             "requested_steps": self.requested_steps, "schedule": self.schedule.plan(),
-            "column_ctc": self.column_ctc.state_dict() if self.column_ctc is not None else None,
             "config": dataclasses.asdict(self.config)})
 
     def replan(self, end_step: int) -> None:
@@ -432,24 +368,17 @@ class Trainer:
         with self.log_path.open("a") as log:
             for batch in loader:
                 losses = self.train_step(batch)
-                loss, ar, denoise, ctc = losses.total, losses.ar, losses.denoise, losses.ctc
+                loss, ar, denoise = losses.total, losses.ar, losses.denoise
                 shuffled = self.shuffled_image_loss(batch.shuffled) if batch.shuffled is not None else None
                 self.step += 1
                 elapsed = time.perf_counter() - started
                 rate = (self.step - first_step) * self.config.batch_size / max(elapsed, 1e-9)
                 record = TrainProgress(self.step, loss, ar, denoise, shuffled, rate,
-                                       self.config.curriculum[self.config.phase_at(self.step - 1)].stage, ctc,
-                                       losses.teacher_kl, losses.draft_kl)
+                                       self.config.curriculum[self.config.phase_at(self.step - 1)].stage)
                 history.append(record)
                 log.write(json.dumps(dataclasses.asdict(record)) + "\n")
                 log.flush()
                 postfix = {"loss": f"{loss:.3f}", "ar": f"{ar:.3f}", "samples/s": f"{rate:.1f}", "phase": record.phase}
-                if self.column_ctc is not None:
-                    postfix["ctc"] = f"{ctc:.3f}"
-                if losses.teacher_kl is not None:
-                    postfix["teacher_kl"] = f"{losses.teacher_kl:.4f}"
-                if losses.draft_kl is not None:
-                    postfix["draft_kl"] = f"{losses.draft_kl:.3f}"
                 if shuffled is not None:
                     postfix["ar_shuffled"] = f"{shuffled:.3f}"
                 bar.set_postfix(postfix)

@@ -7,9 +7,8 @@ import torch
 
 from gravityocr.model.attention import CLEAN, STREAM_A, STREAM_B
 from gravityocr.model.configs import TINY, build_config
-from gravityocr.model.grpo import GrpoConfig
-from gravityocr.model.joint_loss import (IGNORE, Distillation, Objective, backward_in_micro_batches, build_joint_batch,
-                                         joint_logits, joint_loss, split_by_length)
+from gravityocr.model.joint_loss import (IGNORE, Objective, backward_in_micro_batches, build_joint_batch, joint_loss,
+                                         split_by_length)
 from gravityocr.model.modeling import GravityOcrForConditionalGeneration
 from gravityocr.model.training import TrainConfig
 
@@ -108,38 +107,6 @@ def test_length_sorted_micro_batches_give_the_whole_batchs_loss_and_gradient(tok
         assert torch.allclose(split[name], whole[name], rtol=1e-5, atol=1e-8), name
 
 
-def test_draft_ratio_fraction_trains_some_samples_in_the_draft_pass_state(tokenizer, overfit_samples):
-    """Share 1: stream A masks the whole response, as a draft pass sees its block (masks after
-    clean tokens); stream B is clean and carries no target. Share 0.5: some samples so."""
-    model = _fresh_model(tokenizer)
-    samples = overfit_samples * 6
-
-    def batch(**options):
-        return build_joint_batch(model, samples, Objective.JOINT, block_size=8,
-                                 generator=torch.Generator().manual_seed(3), **options)
-
-    def stream_a_all_masked(joint):
-        return [bool((joint.input_ids[row, layout.stream_start(STREAM_A):][:layout.response_len]
-                      == model.mask_token_id).all()) for row, layout in enumerate(joint.layouts)]
-
-    drafts = batch(draft_ratio_fraction=1.0)
-    assert all(stream_a_all_masked(drafts))
-    for row, layout in enumerate(drafts.layouts):
-        length, clean = layout.response_len, layout.stream_start(CLEAN)
-        a, b = layout.stream_start(STREAM_A), layout.stream_start(STREAM_B)
-        assert torch.equal(drafts.denoise_targets[row, a:a + length], drafts.input_ids[row, clean:clean + length])
-        assert torch.equal(drafts.input_ids[row, b:b + length], drafts.input_ids[row, clean:clean + length])
-        assert bool((drafts.denoise_targets[row, b:b + length] == IGNORE).all())
-
-    half = stream_a_all_masked(batch(draft_ratio_fraction=0.5))
-    assert sum(stream_a_all_masked(batch())) < sum(half) < len(samples)
-
-    with pytest.raises(ValueError, match="draft_ratio_fraction"):
-        TrainConfig(draft_ratio_fraction=1.5).validate()
-    with pytest.raises(ValueError, match="draft_ratio_fraction"):
-        GrpoConfig(draft_ratio_fraction=-0.1).validate()
-
-
 def test_blocks_of_many_sizes_and_a_final_block_filled_past_eos(tokenizer, overfit_samples):
     """min_block_size: block sizes vary per sample within min..B; pad_final_block: the
     response runs on to the end of its last block with masks in both streams that carry no
@@ -171,65 +138,3 @@ def test_blocks_of_many_sizes_and_a_final_block_filled_past_eos(tokenizer, overf
     assert torch.isfinite(loss.total)
     with pytest.raises(ValueError, match="min_block_size"):
         TrainConfig(min_block_size=40).validate()
-
-
-def test_each_denoising_target_points_at_the_clean_position_predicting_the_same_token(tokenizer, overfit_samples):
-    model = _fresh_model(tokenizer)
-    batch = build_joint_batch(model, overfit_samples * 3, Objective.JOINT, block_size=8, min_block_size=2,
-                              pad_final_block=True, generator=torch.Generator().manual_seed(5))
-    sources = batch.denoise_sources
-    assert torch.equal(sources >= 0, batch.denoise_targets != IGNORE)
-    rows, columns = (sources >= 0).nonzero(as_tuple=True)
-    assert rows.numel() > 0
-    assert torch.equal(batch.ar_targets[rows, sources[rows, columns]], batch.denoise_targets[rows, columns])
-    for micro in split_by_length(batch, 2 * max(layout.total_len for layout in batch.layouts) - 1):
-        assert torch.equal(micro.batch.denoise_sources, sources[micro.indices, :micro.batch.input_ids.shape[1]])
-
-
-def test_distillation_mixes_a_teachers_ar_reading_and_the_models_own_into_the_losses(tokenizer, overfit_samples):
-    model = _fresh_model(tokenizer).double()
-    torch.manual_seed(1)
-    teacher = GravityOcrForConditionalGeneration(build_config(tokenizer, TINY)).double().eval()
-    batch = build_joint_batch(model, overfit_samples, Objective.JOINT, block_size=8,
-                              generator=torch.Generator().manual_seed(2))
-    batch.pixel_values = batch.pixel_values.double()
-    shares = Distillation(teacher_share=0.25, draft_share=0.5)
-    with torch.no_grad():
-        parts = joint_loss(model, batch, Objective.JOINT, distillation=shares, teacher=teacher)
-        own = joint_logits(model, batch).log_softmax(-1)
-        reference = joint_logits(teacher, batch).log_softmax(-1)
-    at_ar = batch.ar_targets != IGNORE
-    teacher_kl = sum(float((reference[r, c].exp() * (reference[r, c] - own[r, c])).sum())
-                     for r, c in at_ar.nonzero().tolist()) / int(at_ar.sum())
-    pairs = (batch.denoise_targets != IGNORE).nonzero().tolist()
-    draft_kl = sum(float((own[r, s].exp() * (own[r, s] - own[r, c])).sum())
-                   for r, c in pairs for s in [int(batch.denoise_sources[r, c])]) / len(pairs)
-    assert teacher_kl > 0 and draft_kl > 0
-    assert float(parts.teacher_kl) == pytest.approx(teacher_kl, rel=1e-5)
-    assert float(parts.draft_kl) == pytest.approx(draft_kl, rel=1e-5)
-    with torch.no_grad():
-        plain = joint_loss(model, batch, Objective.JOINT)  # the hard losses are reported unchanged
-        itself = joint_loss(model, batch, distillation=Distillation(teacher_share=1.0), teacher=model)
-    assert float(parts.ar) == pytest.approx(float(plain.ar)) and float(parts.denoise) == pytest.approx(float(plain.denoise))
-    assert float(parts.total) == pytest.approx(0.75 * float(plain.ar) + 0.25 * teacher_kl
-                                               + 0.5 * float(plain.denoise) + 0.5 * draft_kl, rel=1e-5)
-    assert float(itself.teacher_kl) == pytest.approx(0.0, abs=1e-9)  # its own weights teach it nothing
-    with torch.no_grad():  # without an AR term there is nothing for the teacher to hold
-        no_ar = joint_loss(model, batch, Objective.NO_AR, distillation=shares, teacher=teacher)
-    assert no_ar.teacher_kl is None
-    assert float(no_ar.total) == pytest.approx(0.5 * float(plain.denoise) + 0.5 * draft_kl, rel=1e-5)
-    # The drafter is pulled toward the verifier's reading, not the verifier toward the drafter's:
-    # with only the draft term, the clean stream's logits get no gradient from it.
-    model.zero_grad(set_to_none=True)
-    clean_grad = []
-    handle = model.lm_head.register_full_backward_hook(lambda module, grad_in, grad_out: clean_grad.append(grad_out[0]))
-    joint_loss(model, batch, Objective.JOINT, distillation=Distillation(draft_share=1.0)).draft_kl.backward()
-    handle.remove()
-    assert float(clean_grad[0][at_ar].abs().max()) == 0.0
-    assert float(clean_grad[0][batch.denoise_targets != IGNORE].abs().max()) > 0.0
-    with pytest.raises(ValueError, match="teacher"):
-        joint_loss(model, batch, distillation=Distillation(teacher_share=0.5))
-    with pytest.raises(ValueError, match="share"):
-        TrainConfig(teacher_share=1.5, init_from="somewhere").validate()
-    with pytest.raises(ValueError, match="teacher"):
-        TrainConfig(teacher_share=0.5).validate()

@@ -83,65 +83,23 @@ def test_bad_config_is_a_clear_error(tmp_path):
         TrainConfig.from_file(bad)
 
 
-def test_column_ctc_grid_follows_the_processors_patch_order(processor):
-    """The CTC head rebuilds the (row, column) patch grid from the merge-window order the
-    image processor emits: a dark vertical bar drawn at a known x lands in that column."""
-    from PIL import Image, ImageDraw
-
-    image = Image.new("RGB", (14 * 12, 14 * 4), "white")
-    ImageDraw.Draw(image).rectangle([14 * 7, 0, 14 * 8 - 1, 14 * 4 - 1], fill="black")
-    prompt = processor.encode(image, "text")
-    t, h, w = prompt.image_grid_thw[0].tolist()
-    assert (h, w) == (4, 12)
-    darkness = -prompt.pixel_values.mean(dim=1)  # one value per patch, in the processor's order
-    merge = 2
-    grid = darkness.view(t, h // merge, w // merge, merge, merge).permute(0, 1, 3, 2, 4).reshape(t, h, w)
-    assert grid.mean(dim=(0, 1)).argmax().item() == 7
-    assert torch.allclose(grid[0, :, 7], grid[0, 0, 7].expand(h))
-
-
-def test_column_ctc_trains_the_vision_tower_and_is_not_exported(tmp_path):
-    phases = [CurriculumPhase("mono-2-5", 3, "ar_only")]
-    plain = TrainConfig(output_dir=str(tmp_path / "plain"), size="tiny", steps=3, batch_size=4, vision_frozen_steps=0,
-                        vision_lr_scale=1.0, checkpoint_every=2, curriculum=phases, threads=1)
-    with_ctc = TrainConfig(**{**plain.__dict__, "output_dir": str(tmp_path / "ctc"), "ctc_weight": 1.0, "steps": 2})
-    Trainer(plain).run(progress_bar=False)
-    history = Trainer(with_ctc).run(progress_bar=False)
-    assert all(record.ctc_loss > 0 for record in history)
-    assert all(record.loss > record.ar_loss for record in history)  # the CTC term is in the total
-    state = torch.load(tmp_path / "ctc" / "checkpoint" / "trainer_state.pt", weights_only=False)
-    assert state["column_ctc"] is not None
-    # Only the recogniser's own weights are exported: the same tensors as a run without CTC.
-    assert _weights(tmp_path / "ctc").keys() == _weights(tmp_path / "plain").keys()
-    # A resumed CTC run restores its head and continues.
-    with_ctc.steps = 3
-    resumed = Trainer(with_ctc)
-    assert resumed.step == 2 and resumed.column_ctc is not None
-    assert torch.equal(resumed.column_ctc.classifier.weight, state["column_ctc"]["classifier.weight"])
-    assert resumed.run(progress_bar=False)[-1].ctc_loss > 0
-    assert not resumed.model.model.visual.post_layernorm._forward_hooks  # the head hooks only its own steps
-
-
 def test_micro_batched_steps_train_like_whole_steps(tmp_path):
-    """A step run as length-sorted micro-batches (CTC included) updates the weights as one pass does."""
+    """A step run as length-sorted micro-batches updates the weights as one pass does."""
     def trained(name, micro_batch_tokens):
         config = TrainConfig(output_dir=str(tmp_path / name), size="tiny", steps=2, batch_size=6, warmup_steps=1,
-                             vision_frozen_steps=0, vision_lr_scale=1.0, ctc_weight=0.5, checkpoint_every=2,
+                             vision_frozen_steps=0, vision_lr_scale=1.0, checkpoint_every=2,
                              shuffled_loss_every=1000, threads=1, micro_batch_tokens=micro_batch_tokens,
                              replay_fraction=0.5,
                              curriculum=[CurriculumPhase("mono-3-11", 1), CurriculumPhase("tables-formulas-intro", 1)])
         trainer = Trainer(config)
         trainer.model.double()
-        trainer.column_ctc.double()
         history = trainer.run(progress_bar=False)
         return history, {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
 
     whole_history, whole = trained("whole", 0)
     split_history, split = trained("split", 300)
     for a, b in zip(whole_history, split_history):
-        assert (b.loss, b.ar_loss, b.denoise_loss, b.ctc_loss) == pytest.approx((a.loss, a.ar_loss, a.denoise_loss,
-                                                                                 a.ctc_loss), rel=1e-6)
-    assert any(record.ctc_loss > 0 for record in whole_history)
+        assert (b.loss, b.ar_loss, b.denoise_loss) == pytest.approx((a.loss, a.ar_loss, a.denoise_loss), rel=1e-6)
     for name in whole:
         assert torch.allclose(split[name], whole[name], rtol=1e-7, atol=1e-10), name
 
@@ -306,30 +264,6 @@ def test_no_two_lineage_recipes_write_to_the_same_run_directory():
         output_dirs.setdefault(settings_type.from_file(recipe).output_dir, []).append(recipe.name)
     assert len(LINEAGE_RECIPES) == 16  # 01-train.yaml ... 16-realign-text.yaml
     assert {d: names for d, names in output_dirs.items() if len(names) > 1} == {}
-
-
-def test_distilled_training_logs_its_kl_terms_and_the_teacher_stays_fixed(tmp_path):
-    phases = [CurriculumPhase("mono-2-5", 3)]
-    start = TrainConfig(output_dir=str(tmp_path / "start"), size="tiny", steps=1, batch_size=2, warmup_steps=1,
-                        curriculum=phases, threads=1)
-    Trainer(start).run(progress_bar=False)
-    distilled = TrainConfig(**{**start.__dict__, "output_dir": str(tmp_path / "distilled"), "steps": 3,
-                               "learning_rate": 1e-2, "init_from": str(tmp_path / "start" / "checkpoint"),
-                               "teacher_share": 0.5, "draft_share": 0.5})
-    trainer = Trainer(distilled)
-    teacher_before = {name: p.clone() for name, p in trainer.teacher.state_dict().items()}
-    history = trainer.run(progress_bar=False)
-    # the first step's student is its teacher; after an update they differ
-    assert history[0].teacher_kl == pytest.approx(0.0, abs=1e-6)
-    assert history[-1].teacher_kl > 1e-6
-    assert all(record.draft_kl > 0 for record in history)
-    assert all(torch.equal(teacher_before[name], p) for name, p in trainer.teacher.state_dict().items())
-    logged = [json.loads(line) for line in (tmp_path / "distilled" / "train_log.jsonl").read_text().splitlines()]
-    assert [record["teacher_kl"] for record in logged] == [record.teacher_kl for record in history]
-    plain = Trainer(TrainConfig(**{**distilled.__dict__, "output_dir": str(tmp_path / "plain"), "teacher_share": 0.0,
-                                   "draft_share": 0.0}))
-    assert plain.teacher is None
-    assert all(record.teacher_kl is None and record.draft_kl is None for record in plain.run(progress_bar=False))
 
 
 @pytest.mark.timeout(300)
