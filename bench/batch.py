@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+from ..model.decode_settings import DecodeSettings
 from ..pipelines import synthetic_pages
 from ..pipelines.batch_job import BatchJobConfig, run_batch_job
 
@@ -60,9 +61,9 @@ class PeakMemory:
         self._thread.join()
 
 
-# Bench modes: (the job's mode, its speculative_max_batch). "spec" is the product's default
-# (on a CPU, AR rounds past a few regions); "spec-all" speculates at every batch size.
-MODES = {"ar": ("ar", None), "spec": ("spec", None), "spec-all": ("spec", 0)}
+# Bench modes: the job's decoding settings. "spec" is the product's default (on a CPU, AR
+# rounds past a few regions); "spec-all" speculates at every batch size.
+MODES = {"ar": DecodeSettings(mode="ar"), "spec": DecodeSettings(), "spec-all": DecodeSettings(speculative_max_batch=0)}
 
 
 def make_input(directory: Path, pages: int, seed: int) -> None:
@@ -100,8 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                 output = work / f"out-{actors}-{mode}"
                 with PeakMemory(ray_temp) as memory:
                     summary = run_batch_job(BatchJobConfig(str(source), str(output), min_actors=actors,
-                                                           max_actors=actors, mode=MODES[mode][0],
-                                                           speculative_max_batch=MODES[mode][1], model=args.model,
+                                                           max_actors=actors, decode=MODES[mode], model=args.model,
                                                            max_new_tokens=args.max_new_tokens))
                 rows.append({"actors": actors, "mode": mode, "pages": summary.pages, "seconds": round(summary.seconds, 2),
                              "pages_per_second": round(summary.pages_per_second, 4), "tpf": round(summary.tpf, 3),

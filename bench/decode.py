@@ -6,11 +6,18 @@ decode rounds / wall time of those rounds: prefill and image encoding are exclud
 are the same work in both modes). `exact` says whether every spec output equals its AR
 output. Hugging Face `generate()` greedy and prompt-lookup decoding at batch 1 on a few
 items are outside reference points ("peers"). Prints figures; never judges them.
+
+The decoding flags are every command's (model/decode_settings.py); each column is those
+settings with what it does not measure turned off: "spec" classic rounds at every batch
+size, "ahead" draft-ahead rounds (--draft-ahead), "branches" with second-choice branches
+(--draft-branches), "capped" classic rounds under --speculative-max-batch (unset here it
+is 0, every batch size, so there is no such column).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -23,8 +30,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..model.draft_ahead import DraftAhead
-from ..model.engine import Engine, EngineConfig, Request, RequestResult
+from ..model.decode_settings import DecodeSettings, add_decode_arguments, decode_settings_from_args
+from ..model.engine import Engine, Request, RequestResult
 from ..model.processor import EncodedPrompt
 
 TASK_OF_TYPE = {"text": "text", "table": "table", "formula": "formula", "page": "text"}
@@ -101,15 +108,19 @@ def load_items(processor, data: str | None, limit: int | None) -> tuple[list[Ben
 
 # --- runs --------------------------------------------------------------------------------
 
-def run_mode(model, eos_ids, items: list[BenchItem], count: int, max_new_tokens: int, settings: dict,
-             clock: str = "wall", draft_rules=None) -> ModeRun:
-    """`count` requests cycling through `items`, decoded by a fresh engine. clock "cpu"
-    divides by the process's CPU time instead of wall time: on a machine shared with other
-    jobs it is the steadier figure, but it counts every thread's time, so it cannot show
-    what extra threads buy."""
+def run_mode(model, eos_ids, items: list[BenchItem], count: int, max_new_tokens: int, decode: DecodeSettings,
+             batch_size: int, threads: int, adaptive: bool = False, clock: str = "wall", draft_rules=None) -> ModeRun:
+    """`count` requests cycling through `items`, decoded by a fresh engine with `decode`,
+    `batch_size` slots and `threads` torch threads (`adaptive`: per-request draft blocks from
+    their acceptance). clock "cpu" divides by the process's CPU time instead of wall time: on
+    a machine shared with other jobs it is the steadier figure, but it counts every thread's
+    time, so it cannot show what extra threads buy."""
     requests = [Request(f"{i}", items[i % len(items)].prompt, max_new_tokens) for i in range(count)]
     longest = max(r.prompt.length for r in requests) + max_new_tokens
-    config = EngineConfig(max_seq_len=longest, device=str(model.device), dtype=model.dtype, **settings)
+    config = decode.engine_config(device=str(model.device), dtype=model.dtype, threads=threads,
+                                  max_batch_size=batch_size, max_seq_len=longest)
+    if adaptive:
+        config = dataclasses.replace(config, adaptive_block=True)
     engine = Engine(model, config, eos_ids, draft_rules=draft_rules)
     results = engine.generate(requests)
     stats = engine.stats()
@@ -117,26 +128,31 @@ def run_mode(model, eos_ids, items: list[BenchItem], count: int, max_new_tokens:
     return ModeRun(results, stats.decode_tokens / seconds if seconds else 0.0)
 
 
+def columns(decode: DecodeSettings) -> dict[str, DecodeSettings]:
+    """The settings of each column: AR, then `decode` with what a column does not measure
+    turned off (see the module docstring)."""
+    classic = dataclasses.replace(decode, mode="spec", draft_ahead=0, draft_branches=0)
+    modes = {"ar": dataclasses.replace(classic, mode="ar"), "spec": dataclasses.replace(classic, speculative_max_batch=0)}
+    if decode.draft_ahead:
+        modes["ahead"] = dataclasses.replace(decode, mode="spec", draft_branches=0, speculative_max_batch=0)
+        if decode.draft_branches:
+            modes["branches"] = dataclasses.replace(decode, mode="spec", speculative_max_batch=0)
+    if decode.speculative_max_batch != 0:
+        modes["capped"] = classic
+    return modes
+
+
 def compare(model, eos_ids, items, batch_size, type_name, args, draft_rules=None) -> dict:
     """AR and spec on the same requests. Runs alternate (AR, spec, AR, spec, ...) and the
     fastest of each counts: other processes only ever slow a run down, and alternating
     exposes both modes to the same spells of contention."""
     count = max(batch_size, len(items))
-    common = dict(max_batch_size=batch_size, block_size=args.block_size, num_threads=args.threads)
-    modes = {"ar": dict(common, mode="ar"), "spec": dict(common, mode="spec", adaptive_block=args.adaptive)}
-    if args.draft_ahead:
-        switch = args.draft_ahead_max_batch or None
-        modes["ahead"] = dict(common, mode="spec", draft_ahead=DraftAhead(args.draft_ahead),
-                              draft_ahead_max_batch=switch)
-        if args.draft_branches:
-            modes["branches"] = dict(common, mode="spec", draft_ahead_max_batch=switch,
-                                     draft_ahead=DraftAhead(args.draft_ahead, branches=args.draft_branches))
-    if args.speculative_max_batch:
-        modes["capped"] = dict(modes["spec"], speculative_max_batch=args.speculative_max_batch)
+    modes = columns(args.decode)
     best: dict[str, ModeRun] = {}
     for _ in range(args.repeats):
-        for name, settings in modes.items():
-            run = run_mode(model, eos_ids, items, count, args.max_new_tokens, settings, args.clock, draft_rules)
+        for name, decode in modes.items():
+            run = run_mode(model, eos_ids, items, count, args.max_new_tokens, decode, batch_size, args.threads,
+                           args.adaptive and name in ("spec", "capped"), args.clock, draft_rules)
             if name not in best or run.tokens_per_second > best[name].tokens_per_second:
                 best[name] = run
     ar = best["ar"]
@@ -173,11 +189,11 @@ def peers(model, processor, items: list[BenchItem], args) -> dict:
     modes on the same items. HF's decode time is its full time less a 1-token run's."""
     chosen = items[:PEER_ITEMS]
     eos_id, pad_id = processor.tokenizer.eos_token_id, processor.tokenizer.pad_token_id
-    engine_settings = dict(max_batch_size=1, block_size=args.block_size, num_threads=args.threads)
-    engine_ar = run_mode(model, processor.eos_token_ids, chosen, len(chosen), args.max_new_tokens,
-                         dict(engine_settings, mode="ar"), clock=args.clock)
-    engine_spec = run_mode(model, processor.eos_token_ids, chosen, len(chosen), args.max_new_tokens,
-                           dict(engine_settings, mode="spec", adaptive_block=args.adaptive), clock=args.clock)
+    modes = columns(args.decode)
+    engine_ar = run_mode(model, processor.eos_token_ids, chosen, len(chosen), args.max_new_tokens, modes["ar"], 1,
+                         args.threads, clock=args.clock)
+    engine_spec = run_mode(model, processor.eos_token_ids, chosen, len(chosen), args.max_new_tokens, modes["spec"], 1,
+                           args.threads, args.adaptive, clock=args.clock)
     now = time.process_time if args.clock == "cpu" else time.perf_counter
     out = {"items": len(chosen),
            "engine_ar_tok_s": round(engine_ar.tokens_per_second, 1),
@@ -204,23 +220,12 @@ def peers(model, processor, items: list[BenchItem], args) -> dict:
 # --- the command ---------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gravityocr bench decode", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="gravityocr bench decode", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="model directory or hub name (default: the shipped model, else TINY random)")
     parser.add_argument("--data", help="directory with manifest.jsonl, e.g. data/real (default: synthetic noise images, for random models)")
     parser.add_argument("--batch-sizes", default="1,8,32,64", help="comma-separated (default 1,8,32,64)")
-    parser.add_argument("--block-size", type=int, default=32)
     parser.add_argument("--adaptive", action="store_true", help="per-request draft block from its acceptance")
-    parser.add_argument("--draft-ahead", type=int, default=0, metavar="L",
-                        help="also run draft-ahead rounds with blocks of L masks (one pass per round), side by side")
-    parser.add_argument("--draft-branches", type=int, default=0, metavar="N",
-                        help="with --draft-ahead: also draft-ahead rounds that verify second-choice branches at the "
-                             "first N doubtful drafts, side by side")
-    parser.add_argument("--draft-ahead-max-batch", type=int, default=0, metavar="N",
-                        help="draft-ahead (and branches) columns: one-pass rounds only while at most N "
-                             "sequences run, classic rounds above (0: at any batch size)")
-    parser.add_argument("--speculative-max-batch", type=int, default=0, metavar="N",
-                        help="also a column of speculative rounds only while at most N sequences run, AR rounds "
-                             "above (the product's CPU default: 2 per thread), side by side")
     parser.add_argument("--no-structured-drafts", action="store_true",
                         help="leave table structure and LaTeX command names to the drafter "
                              "(model/draft_rules.py keeps drafts to them)")
@@ -233,6 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", choices=["float32", "float64", "bfloat16"], default="float32")
     parser.add_argument("--no-peers", action="store_true", help="skip the Hugging Face generate() reference points")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    # Unset, the speculative cap is 0 here (every batch size): a cap adds the "capped" column.
+    add_decode_arguments(parser, DecodeSettings(speculative_max_batch=0))
     return parser
 
 
@@ -260,10 +267,10 @@ def _print_table(report: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.draft_branches and not args.draft_ahead:
-        parser.error("--draft-branches needs --draft-ahead")
-    if args.speculative_max_batch < 0:
-        parser.error("--speculative-max-batch must be at least 0 (0: no such column)")
+    try:
+        args.decode = decode_settings_from_args(args)
+    except ValueError as error:
+        parser.error(str(error))
     batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b.strip()]
     torch.set_num_threads(args.threads)
     model, processor, model_note = load_model(args.model, getattr(torch, args.dtype))
@@ -272,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         print("no items to decode", file=sys.stderr)
         return 1
     eos_ids = processor.eos_token_ids
-    run_mode(model, eos_ids, items[:1], 1, 4, dict(num_threads=args.threads))  # warm-up: first-call costs
+    run_mode(model, eos_ids, items[:1], 1, 4, columns(args.decode)["spec"], 1, args.threads)  # warm-up: first-call costs
 
     groups = {"all": items}
     for item in items:
@@ -284,10 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "model": model_note,
         "data": data_note,
-        "settings": {"threads": args.threads, "block_size": args.block_size, "adaptive": args.adaptive,
-                     "draft_ahead": args.draft_ahead, "draft_branches": args.draft_branches,
-                     "structured_drafts": draft_rules is not None, "draft_ahead_max_batch": args.draft_ahead_max_batch,
-                     "speculative_max_batch": args.speculative_max_batch,
+        "settings": {"threads": args.threads, **args.decode.to_dict(), "adaptive": args.adaptive,
+                     "structured_drafts": draft_rules is not None,
                      "max_new_tokens": args.max_new_tokens, "dtype": args.dtype, "repeats": args.repeats,
                      "clock": args.clock},
         "rows": rows,

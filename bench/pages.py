@@ -163,7 +163,7 @@ def run_ours(pages: list[BenchPage], recognizer, config, mode: str, args) -> Sys
     from gravityocr.pipelines.page_ocr import PageOcr, PageOcrConfig
     from gravityocr.pipelines.recognizer import CropRecognizer
 
-    crop_recognizer = CropRecognizer(recognizer, dataclasses.replace(config, mode=mode))
+    crop_recognizer = CropRecognizer(recognizer, dataclasses.replace(config, decode=dataclasses.replace(config.decode, mode=mode)))
     pipeline = PageOcr(crop_recognizer, PageOcrConfig(layout=args.layout, lines=args.lines, batch_pages=args.batch_pages))
     figures = SystemFigures(f"gravityocr-{mode}")
     inputs = [Page(p.name, i + 1, p.image, p.image.width, p.image.height) for i, p in enumerate(pages)]

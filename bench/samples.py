@@ -23,6 +23,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from gravityocr.model.decode_settings import add_decode_arguments, decode_settings_from_args
 from gravityocr.model.metrics import score
 from gravityocr.pipelines.page_ocr import PageOcrConfig
 
@@ -102,12 +103,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="FILE", nargs="?", const="-", default=None,
                         help="print the figures as one JSON object instead of the table (or, with FILE, "
                              "also write them there)")
-    parser.add_argument("--mode", choices=("spec", "ar"), default="spec",
-                        help="self-speculative or plain AR decoding; the text is the same (default: spec)")
     parser.add_argument("--dpi", type=float, default=PageOcrConfig.dpi, help="PDF render resolution")
     parser.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
+    add_decode_arguments(parser, with_mode=True)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        decode = decode_settings_from_args(args)
+    except ValueError as error:
+        parser.error(str(error))
 
     from gravityocr.pipelines.ocr_cli import default_model_path, has_weights
 
@@ -136,14 +140,14 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     started = time.perf_counter()
-    recognizer = CropRecognizer.load(model_path, RecognizerConfig(mode=args.mode), device=device)
+    recognizer = CropRecognizer.load(model_path, RecognizerConfig(decode=decode), device=device)
     pipeline = PageOcr(recognizer, PageOcrConfig(dpi=args.dpi))
     load_seconds = time.perf_counter() - started
 
     quiet = args.json == "-"
     if not quiet:
         print(f"{len(samples)} samples; model {model_path} on {device} ({load_seconds:.1f} s to load), "
-              f"mode {args.mode}, torch threads {torch.get_num_threads()}")
+              f"mode {decode.mode}, torch threads {torch.get_num_threads()}")
         print(f"{'sample':28s} {'pages':>5s} {'score':>7s} {'seconds':>8s}")
     outcomes = []
     for sample in samples:
@@ -153,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{outcome.sample:28s} {outcome.pages:5d} {outcome.score:7.4f} {outcome.seconds:8.1f}"
                   + (f"   ({outcome.error})" if outcome.error else ""), flush=True)
     total = summary(outcomes)
-    figures = {"model": str(model_path), "device": device, "mode": args.mode,
+    figures = {"model": str(model_path), "device": device, "decode": decode.to_dict(),
                "samples": [{**asdict(o), "score": round(o.score, 4), "seconds": round(o.seconds, 2)} for o in outcomes],
                "summary": total}
     if quiet:

@@ -5,6 +5,12 @@ The load is bounded: each level sends at most --requests requests and stops afte
 --max-seconds, whichever comes first. Requests are chat completions of held-out crops;
 with --stream they stream (server-sent events) and the time to the first text is reported
 beside the time to the whole answer.
+
+The decoding flags are every command's (model/decode_settings.py), unset the product's
+defaults. Each mode serves them with what it does not measure turned off: "ar" AR
+decoding, "spec" classic rounds (the product's default decoding, unless flags say
+otherwise), "spec-all" (--spec-all) classic rounds at every batch size, "ahead"
+(--draft-ahead) the settings as given.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import argparse
 import base64
 import concurrent.futures
+import dataclasses
 import io
 import json
 import socket
@@ -21,6 +28,7 @@ from pathlib import Path
 
 import httpx
 
+from ..model.decode_settings import DecodeSettings, add_decode_arguments, decode_settings_from_args
 from ..model.manifest import read_manifest
 from ..serve.app import build_app
 from ..serve.settings import ServeSettings
@@ -104,8 +112,20 @@ def load_level(url: str, bodies: list[dict], concurrency: int, requests: int, ma
     return row
 
 
+def serve_modes(decode: DecodeSettings, spec_all: bool) -> dict[str, DecodeSettings]:
+    """The settings each mode serves with (see the module docstring)."""
+    classic = dataclasses.replace(decode, mode="spec", draft_ahead=0, draft_branches=0)
+    modes = {"ar": dataclasses.replace(classic, mode="ar"), "spec": classic}
+    if spec_all:
+        modes["spec-all"] = dataclasses.replace(classic, speculative_max_batch=0)
+    if decode.draft_ahead:
+        modes["ahead"] = dataclasses.replace(decode, mode="spec")
+    return modes
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gravityocr bench serve", description=__doc__)
+    parser = argparse.ArgumentParser(prog="gravityocr bench serve", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="model directory (default: the shipped model)")
     parser.add_argument("--data", default=str(REAL), help="manifest directory of crops to send (default: data/real)")
     parser.add_argument("--concurrency", default="1,8,32")
@@ -113,15 +133,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-seconds", type=float, default=120, help="time per level at most")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per replica")
     parser.add_argument("--stream", action="store_true", help="stream the answers; report time to first text")
-    parser.add_argument("--draft-ahead", type=int, default=0, metavar="L",
-                        help="also serve with draft-ahead rounds of L masks (mode \"ahead\")")
-    parser.add_argument("--draft-ahead-max-batch", type=int, default=0, metavar="N",
-                        help="with --draft-ahead: only while at most N crops decode together (0: any)")
     parser.add_argument("--spec-all", action="store_true",
                         help="also serve speculating at every batch size (mode \"spec-all\"); \"spec\" is the "
                              "product's default, AR rounds past speculative_max_batch on a CPU")
     parser.add_argument("--json", action="store_true")
+    add_decode_arguments(parser)
     args = parser.parse_args(argv)
+    try:
+        modes = serve_modes(decode_settings_from_args(args), args.spec_all)
+    except ValueError as error:
+        parser.error(str(error))
 
     import ray
     from ray import serve
@@ -132,14 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
     rows = []
     try:
-        modes = ["ar", "spec"] + ["spec-all"] * args.spec_all + ["ahead"] * bool(args.draft_ahead)
-        for mode in modes:
-            settings = ServeSettings(model=args.model, mode="ar" if mode == "ar" else "spec", threads=args.threads,
-                                     max_concurrent_requests=64)
-            if mode == "spec-all":
-                settings.speculative_max_batch = 0
-            if mode == "ahead":
-                settings.draft_ahead, settings.draft_ahead_max_batch = args.draft_ahead, args.draft_ahead_max_batch
+        for mode, decode in modes.items():
+            settings = ServeSettings(model=args.model, decode=decode, threads=args.threads, max_concurrent_requests=64)
             serve.run(build_app(settings, {"ray_actor_options": {"num_cpus": 1}}), name=f"bench-{mode}",
                       route_prefix=f"/{mode}")
             url = f"http://127.0.0.1:{port}/{mode}"

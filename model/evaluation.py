@@ -1,22 +1,24 @@
 """Score a recogniser on the crops of an evaluation set (text lines, tables, formulas).
 
-Every item is decoded by the batched engine in self-speculative mode; with `check_exact`
-the same items are decoded again in plain AR mode, and `exact` says whether every
-output is identical. An item whose image cannot be read scores 0 and is listed. Whole
+Every item is decoded by the batched engine with the given decoding settings (by default
+the product's: self-speculative, with the device's batch cap); with `check_exact` the same
+items are decoded again in plain AR mode, and `exact` says whether every output is
+identical. An item whose image cannot be read scores 0 and is listed. Whole
 pages are read by the page pipeline (`gravityocr eval`, pipelines/evaluation.py), which
 builds on this module; the model room does not import the pipelines.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 import torch
 
-from .draft_ahead import DraftAhead
-from .engine import Engine, EngineConfig, Request
+from .decode_settings import DecodeSettings
+from .engine import Engine, Request
 from .loading import Recognizer
 from .manifest import ManifestItem
 from .metrics import score
@@ -48,6 +50,7 @@ class EvalReport:
     accepted_per_round: dict[str, float]  # mean accepted drafts per round, by type
     unreadable: list[dict]  # {"id", "error"} of items scored 0 because they could not be read
     exact: bool | None  # every spec output equal to AR output (None: not checked)
+    decode: dict  # DecodeSettings.report(): the settings measured, caps written out
     items: list[ItemOutcome]
 
     def to_json(self) -> dict:
@@ -56,11 +59,11 @@ class EvalReport:
                    "unreadable": self.unreadable}
         if self.exact is not None:
             summary["exact"] = self.exact
+        summary["decode"] = self.decode
         return summary
 
 
-def _decode_all(recognizer: Recognizer, items: list[ManifestItem], mode: str, batch_size: int,
-                block_size: int, draft_ahead: DraftAhead | None = None,
+def _decode_all(recognizer: Recognizer, items: list[ManifestItem], decode: DecodeSettings, batch_size: int,
                 structured_drafts: bool = True) -> tuple[dict[str, object], dict[str, str]]:
     """Engine results by item id, and the read errors of items that never reached it."""
     processor = recognizer.processor
@@ -74,28 +77,35 @@ def _decode_all(recognizer: Recognizer, items: list[ManifestItem], mode: str, ba
         requests.append(Request(item.id, prompt, MAX_NEW_TOKENS[item.type]))
     longest = max((r.prompt.length + r.max_new_tokens for r in requests), default=2)
     model = recognizer.model
-    engine = Engine(model, EngineConfig(max_batch_size=batch_size, max_seq_len=longest, block_size=block_size,
-                                        mode=mode, device=str(model.device), dtype=model.dtype,
-                                        num_threads=torch.get_num_threads(), draft_ahead=draft_ahead),
-                    eos_token_ids=processor.eos_token_ids, tokenizer=processor.tokenizer,
+    config = decode.engine_config(device=str(model.device), dtype=model.dtype, threads=torch.get_num_threads(),
+                                  max_batch_size=batch_size, max_seq_len=longest)
+    engine = Engine(model, config, eos_token_ids=processor.eos_token_ids, tokenizer=processor.tokenizer,
                     draft_rules=processor.draft_rules if structured_drafts else None)
     results = {r.request_id: r for r in engine.generate(requests)} if requests else {}
     return results, errors
 
 
-def evaluate(recognizer: Recognizer, items: list[ManifestItem], batch_size: int = 32, block_size: int = 32,
-             check_exact: bool = False, draft_ahead: DraftAhead | None = None,
+def decode_report(recognizer: Recognizer, decode: DecodeSettings) -> dict:
+    """What an evaluation says it measured: `decode` resolved for this model's device and
+    this process's torch threads, as the engines of `evaluate` resolve it."""
+    return decode.report(str(recognizer.model.device), torch.get_num_threads())
+
+
+def evaluate(recognizer: Recognizer, items: list[ManifestItem], batch_size: int = 32,
+             decode: DecodeSettings | None = None, check_exact: bool = False,
              structured_drafts: bool = True) -> EvalReport:
-    """`structured_drafts`: keep drafts to a table's structure and LaTeX's command names
-    (model/draft_rules.py); off to measure what it buys. Crops only: a whole page is read by
-    the page pipeline, not as one crop."""
+    """`decode`: the decoding settings measured (None: the product's defaults, so the figures
+    are what a user gets). `structured_drafts`: keep drafts to a table's structure and
+    LaTeX's command names (model/draft_rules.py); off to measure what it buys. Crops only:
+    a whole page is read by the page pipeline, not as one crop."""
+    decode = decode or DecodeSettings()
     pages = [item.id for item in items if item.type not in MAX_NEW_TOKENS]
     if pages:
         raise ValueError(f"evaluate() reads crops; {len(pages)} item(s) are of another type (first: {pages[0]!r})")
-    results, errors = _decode_all(recognizer, items, "spec", batch_size, block_size, draft_ahead, structured_drafts)
+    results, errors = _decode_all(recognizer, items, decode, batch_size, structured_drafts)
     exact = None
     if check_exact:
-        ar_results, _ = _decode_all(recognizer, items, "ar", batch_size, block_size)
+        ar_results, _ = _decode_all(recognizer, items, dataclasses.replace(decode, mode="ar"), batch_size)
         exact = all(results[i].token_ids == ar_results[i].token_ids for i in results)
     outcomes = []
     for item in items:
@@ -107,10 +117,10 @@ def evaluate(recognizer: Recognizer, items: list[ManifestItem], batch_size: int 
         outcomes.append(ItemOutcome(item.id, item.type, score(item.type, prediction, item.text), prediction,
                                     result.stats.committed_tokens, result.stats.forward_passes,
                                     list(result.stats.accepted_per_round)))
-    return summarize(outcomes, exact)
+    return summarize(outcomes, exact, decode_report(recognizer, decode))
 
 
-def summarize(outcomes: list[ItemOutcome], exact: bool | None) -> EvalReport:
+def summarize(outcomes: list[ItemOutcome], exact: bool | None, decode: dict) -> EvalReport:
     by_type: dict[str, list[ItemOutcome]] = defaultdict(list)
     for outcome in outcomes:
         by_type[outcome.type].append(outcome)
@@ -128,6 +138,7 @@ def summarize(outcomes: list[ItemOutcome], exact: bool | None) -> EvalReport:
         accepted_per_round=accepted,
         unreadable=[{"id": o.id, "error": o.error} for o in outcomes if o.error],
         exact=exact,
+        decode=decode,
         items=outcomes,
     )
 

@@ -37,6 +37,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .. import metrics
+from ..model.decode_settings import DecodeSettings, add_decode_arguments, decode_settings_from_args
 from .assembly import PageResult, document_markdown, figure_prefix_for, figures_folder
 from .layout import LAYOUT_BACKENDS, LINE_SPLITTERS
 from .page_ocr import PageOcrConfig
@@ -75,10 +76,7 @@ class BatchJobConfig:
     max_actors: int = 2
     resume: bool = False
     dpi: float = PageOcrConfig.dpi
-    mode: str = "spec"
-    # Speculative rounds only while at most this many regions decode together, AR rounds above
-    # (same text); 0: at any batch size; None: the device's default (on a CPU 2 per torch thread).
-    speculative_max_batch: int | None = None
+    decode: DecodeSettings = field(default_factory=DecodeSettings)  # how the engine actors decode regions
     model: str | None = None  # None: the shipped default
     pages_per_batch: int = 4  # pages an engine actor reads in one engine batch
     layout: str = PageOcrConfig.layout  # see layout.LAYOUT_BACKENDS
@@ -159,9 +157,8 @@ def render_document(row: dict, source: StorageLocation, dpi: float) -> list[dict
 class PageReader:
     """An engine actor: holds one recogniser and reads batches of pages with it."""
 
-    def __init__(self, model: str | None, mode: str, layout: str, dpi: float, threads: int,
-                 max_new_tokens: int | None, speculative_max_batch: int | None = None,
-                 lines: str = PageOcrConfig.lines):
+    def __init__(self, model: str | None, decode: DecodeSettings, layout: str, dpi: float, threads: int,
+                 max_new_tokens: int | None, lines: str = PageOcrConfig.lines):
         import ray
         import torch
 
@@ -171,9 +168,9 @@ class PageReader:
         from .recognizer import CropRecognizer, RecognizerConfig
 
         torch.set_num_threads(threads)
-        self.mode = mode
+        self.mode = decode.mode
         self.node_id = ray.get_runtime_context().get_node_id()
-        settings = RecognizerConfig(mode=mode, speculative_max_batch=speculative_max_batch)
+        settings = RecognizerConfig(decode=decode)
         device, dtype = resolve_device("auto")  # the GPU Ray assigned this actor, if any
         recognizer = CropRecognizer.load(model or DEFAULT_MODEL_DIR,
                                          settings.capped(max_new_tokens) if max_new_tokens else settings,
@@ -320,10 +317,9 @@ def run_batch_job(config: BatchJobConfig) -> BatchSummary:
                       runtime_env=runtime_env)
             .map_batches(
                 PageReader,
-                fn_constructor_kwargs={"model": config.model, "mode": config.mode, "layout": config.layout,
+                fn_constructor_kwargs={"model": config.model, "decode": config.decode, "layout": config.layout,
                                        "lines": config.lines, "dpi": config.dpi, "threads": threads,
-                                       "max_new_tokens": config.max_new_tokens,
-                                       "speculative_max_batch": config.speculative_max_batch},
+                                       "max_new_tokens": config.max_new_tokens},
                 batch_size=config.pages_per_batch, batch_format="pyarrow",
                 # Ray Data restarts a dead engine actor and retries its batch (max_restarts and
                 # max_task_retries default to -1 for actor pools): a killed actor loses no page.
@@ -387,11 +383,6 @@ def add_arguments(parser) -> None:
     parser.add_argument("--resume", action="store_true", help="skip documents whose outputs are complete")
     parser.add_argument("--dpi", type=float, default=PageOcrConfig.dpi,
                         help=f"PDF render resolution (default: {PageOcrConfig.dpi:g})")
-    parser.add_argument("--mode", choices=("spec", "ar"), default="spec")
-    parser.add_argument("--speculative-max-batch", type=int, metavar="N",
-                        help="speculative rounds only while at most N regions decode together, AR rounds above "
-                             "(same text); 0: at any batch size; default: the device's (on a CPU 2 per torch "
-                             "thread, where a full batch decodes faster in AR rounds)")
     parser.add_argument("--model", help="model directory or hub name (default: the shipped model)")
     parser.add_argument("--pages-per-batch", type=int, default=4)
     parser.add_argument("--layout", choices=LAYOUT_BACKENDS, default=PageOcrConfig.layout,
@@ -401,17 +392,20 @@ def add_arguments(parser) -> None:
     parser.add_argument("--max-new-tokens", type=int, help="cap on the tokens read per region")
     parser.add_argument("--actor-resources", type=json.loads, default={},
                         help='custom Ray resources each engine actor needs, as JSON, e.g. \'{"engine": 1}\'')
+    add_decode_arguments(parser, with_mode=True)
 
 
 def run(args) -> int:
     if args.min_actors < 1 or args.max_actors < args.min_actors:
         raise SystemExit(f"need 1 <= --min-actors <= --max-actors, got {args.min_actors}, {args.max_actors}")
-    if args.speculative_max_batch is not None and args.speculative_max_batch < 0:
-        raise SystemExit(f"--speculative-max-batch must be at least 0 (0: any batch size), got {args.speculative_max_batch}")
+    try:
+        decode = decode_settings_from_args(args)
+    except ValueError as error:
+        raise SystemExit(f"gravityocr batch: {error}") from None
     config = BatchJobConfig(
         input_uri=args.input, output_uri=args.output, endpoint_url=args.endpoint_url, address=args.address,
-        min_actors=args.min_actors, max_actors=args.max_actors, resume=args.resume, dpi=args.dpi, mode=args.mode,
-        speculative_max_batch=args.speculative_max_batch, model=args.model, pages_per_batch=args.pages_per_batch, layout=args.layout,
+        min_actors=args.min_actors, max_actors=args.max_actors, resume=args.resume, dpi=args.dpi, decode=decode,
+        model=args.model, pages_per_batch=args.pages_per_batch, layout=args.layout,
         lines=args.lines, max_new_tokens=args.max_new_tokens, actor_resources=args.actor_resources,
     )
     summary = run_batch_job(config)

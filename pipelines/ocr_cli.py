@@ -16,6 +16,8 @@ from pathlib import Path
 
 from typing import TYPE_CHECKING
 
+from gravityocr.model.decode_settings import add_decode_arguments, decode_settings_from_args
+
 from .layout import LAYOUT_BACKENDS, LINE_SPLITTERS
 from .page_ocr import PageOcrConfig  # the page settings' defaults (torch loads only when a command runs)
 
@@ -43,20 +45,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "line; markdown without figures, whose boxes are in the JSON)")
     parser.add_argument("--model", metavar="PATH", default=None,
                         help="recogniser directory (Hugging Face format); default: the embedded model")
-    parser.add_argument("--mode", choices=("spec", "ar"), default="spec",
-                        help="self-speculative or plain AR decoding; the text is the same (default: spec)")
-    parser.add_argument("--draft-ahead", type=int, default=0, metavar="L",
-                        help="self-speculative rounds of one pass, drafting ahead with blocks of L masks "
-                             "(faster one document at a time); default: classic rounds")
-    parser.add_argument("--draft-branches", type=int, default=0, metavar="N",
-                        help="with --draft-ahead: also verify second-choice branches at the first N doubtful drafts")
-    parser.add_argument("--draft-ahead-max-batch", type=int, default=0, metavar="N",
-                        help="with --draft-ahead: one-pass rounds only while at most N crops decode together, "
-                             "classic rounds above (default 0: at any batch size)")
-    parser.add_argument("--speculative-max-batch", type=int, default=None, metavar="N",
-                        help="speculative rounds only while at most N crops decode together, AR rounds above "
-                             "(same text); 0: at any batch size; default: the device's (on a CPU 2 per torch "
-                             "thread, where a full batch decodes faster in AR rounds)")
     parser.add_argument("--dpi", type=float, default=PageOcrConfig.dpi,
                         help=f"PDF render resolution (default: {PageOcrConfig.dpi:g})")
     parser.add_argument("--layout", choices=LAYOUT_BACKENDS, default=PageOcrConfig.layout,
@@ -69,6 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cap on tokens written per crop (default: per task, 256 text / 1024 table)")
     parser.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    add_decode_arguments(parser, with_mode=True)
 
 
 def _output_names(results: list[str]) -> dict[str, str]:
@@ -172,9 +161,7 @@ def run(args) -> int:
     transformers.utils.logging.disable_progress_bar()  # our own bar is the one that counts pages
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        config = RecognizerConfig(mode=args.mode, draft_ahead=args.draft_ahead, draft_branches=args.draft_branches,
-                                  draft_ahead_max_batch=args.draft_ahead_max_batch,
-                                  speculative_max_batch=args.speculative_max_batch)
+        config = RecognizerConfig(decode=decode_settings_from_args(args))
         if args.max_new_tokens is not None:
             config = config.capped(args.max_new_tokens)
         recognizer = CropRecognizer.load(model_path, config, device=device)

@@ -12,6 +12,7 @@ decoding of the same weights; only the speed differs.
 from __future__ import annotations
 
 from collections.abc import Sequence
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -20,7 +21,7 @@ import torch
 from PIL import Image
 
 from gravityocr.model.decoding import DecodeStats, greedy_decode, speculative_decode
-from gravityocr.model.draft_ahead import DraftAhead
+from gravityocr.model.decode_settings import DecodeSettings
 from gravityocr.model.loading import Recognizer, load_recognizer
 from gravityocr.model.processor import TASK_PROMPTS, EncodedPrompt, InvalidInput
 from gravityocr.model.stopping import without_loop
@@ -36,64 +37,22 @@ def engine_available() -> bool:
 
 @dataclass
 class RecognizerConfig:
-    mode: Literal["spec", "ar"] = "spec"  # self-speculative or plain greedy AR: same text
-    block_size: int = 32
+    decode: DecodeSettings = field(default_factory=DecodeSettings)  # how crops are decoded (one meaning everywhere)
     # Longest output per task: a line of text, a whole table as HTML, one formula.
     max_new_tokens: dict[str, int] = field(default_factory=lambda: {"text": 256, "table": 1024, "formula": 256})
     max_batch_size: int = 32  # sequences the engine decodes together
     decoder: Literal["auto", "engine", "reference"] = "auto"  # auto: the engine when installed
-    # Masks per anchored block of draft-ahead rounds (one pass per round, model/draft_ahead.py;
-    # faster at batch 1, slower in large CPU batches); 0: classic draft + verify rounds.
-    draft_ahead: int = 0
-    # Second-choice branches verified in each draft-ahead round (more tokens per pass, a
-    # longer pass); needs draft_ahead.
-    draft_branches: int = 0
-    # With draft_ahead: one-pass rounds only while at most this many crops decode together,
-    # classic rounds above (EngineConfig.draft_ahead_max_batch); 0: at any batch size.
-    draft_ahead_max_batch: int = 0
-    # Speculative rounds only while at most this many crops decode together, plain AR rounds
-    # above (EngineConfig.speculative_max_batch; same text); 0: at any batch size; None: the
-    # device's default (on a CPU, where a full batch decodes faster in AR rounds: 2 per thread).
-    speculative_max_batch: int | None = None
 
     def __post_init__(self):
-        if self.mode not in ("spec", "ar"):
-            raise ValueError(f"mode must be 'spec' or 'ar', got {self.mode!r}")
         if self.decoder not in ("auto", "engine", "reference"):
             raise ValueError(f"decoder must be 'auto', 'engine' or 'reference', got {self.decoder!r}")
         missing = set(TASK_PROMPTS) - set(self.max_new_tokens)
         if missing:
             raise ValueError(f"max_new_tokens lacks tasks {sorted(missing)}")
-        if self.draft_branches and not self.draft_ahead:
-            raise ValueError("draft_branches needs draft-ahead rounds: set draft_ahead too")
-        if self.draft_ahead_max_batch < 0:
-            raise ValueError(f"draft_ahead_max_batch must be at least 0 (0: any batch), got {self.draft_ahead_max_batch}")
-        if self.speculative_max_batch is not None and self.speculative_max_batch < 0:
-            raise ValueError("speculative_max_batch must be at least 0 (0: any batch, None: the device's default), "
-                             f"got {self.speculative_max_batch}")
-        if self.draft_ahead_rounds is not None:
-            self.draft_ahead_rounds.check_fits(self.block_size)
-
-    @property
-    def draft_ahead_rounds(self) -> DraftAhead | None:
-        if not self.draft_ahead or self.mode != "spec":
-            return None
-        return DraftAhead(self.draft_ahead, branches=self.draft_branches)
-
-    def speculative_max_batch_on(self, device: str, threads: int) -> int | None:
-        """EngineConfig.speculative_max_batch for an engine on `device` with `threads` torch threads."""
-        if self.speculative_max_batch is None:
-            from gravityocr.model.engine.config import speculative_max_batch_for  # the engine loads lazily
-
-            return speculative_max_batch_for(device, threads)
-        return self.speculative_max_batch or None
 
     def capped(self, limit: int) -> "RecognizerConfig":
         """The same config with every task's output capped at `limit` tokens."""
-        return RecognizerConfig(self.mode, self.block_size,
-                                {task: min(n, limit) for task, n in self.max_new_tokens.items()},
-                                self.max_batch_size, self.decoder, self.draft_ahead, self.draft_branches,
-                                self.draft_ahead_max_batch, self.speculative_max_batch)
+        return dataclasses.replace(self, max_new_tokens={task: min(n, limit) for task, n in self.max_new_tokens.items()})
 
 
 @dataclass
@@ -186,22 +145,16 @@ class CropRecognizer:
         return CropResult(self.recognizer.processor.decode(token_ids), stats, finish_reason)
 
     def _decode_with_engine(self, jobs: list[_Job]) -> dict[int, CropResult]:
-        from gravityocr.model.engine import Engine, EngineConfig, Request
+        from gravityocr.model.engine import Engine, Request
 
         model = self.recognizer.model
         longest = max(job.prompt.length + job.max_new_tokens for job in jobs)
-        engine = Engine(
-            model,
-            EngineConfig(max_batch_size=min(self.config.max_batch_size, len(jobs)), max_seq_len=min(longest, self.context),
-                         block_size=self.config.block_size, mode=self.config.mode, device=str(model.device),
-                         dtype=model.dtype, num_threads=torch.get_num_threads(),
-                         draft_ahead=self.config.draft_ahead_rounds,
-                         draft_ahead_max_batch=self.config.draft_ahead_max_batch or None,
-                         speculative_max_batch=self.config.speculative_max_batch_on(str(model.device),
-                                                                                    torch.get_num_threads())),
-            eos_token_ids=self.recognizer.processor.eos_token_ids,
-            draft_rules=self.recognizer.processor.draft_rules,
-        )
+        config = self.config.decode.engine_config(device=str(model.device), dtype=model.dtype,
+                                                  threads=torch.get_num_threads(),
+                                                  max_batch_size=min(self.config.max_batch_size, len(jobs)),
+                                                  max_seq_len=min(longest, self.context))
+        engine = Engine(model, config, eos_token_ids=self.recognizer.processor.eos_token_ids,
+                        draft_rules=self.recognizer.processor.draft_rules)
         results: dict[int, CropResult] = {}
         for job in jobs:
             try:
@@ -217,12 +170,13 @@ class CropRecognizer:
     def _decode_one_by_one(self, jobs: list[_Job]) -> dict[int, CropResult]:
         model = self.recognizer.model
         eos = set(self.recognizer.processor.eos_token_ids)
+        decode = self.config.decode
         results: dict[int, CropResult] = {}
         for job in jobs:
             try:
-                if self.config.mode == "spec":
-                    decoded = speculative_decode(model, job.prompt, job.max_new_tokens, eos, self.config.block_size,
-                                                 self.config.draft_ahead_rounds, self.recognizer.processor.draft_rules)
+                if decode.mode == "spec":
+                    decoded = speculative_decode(model, job.prompt, job.max_new_tokens, eos, decode.block_size,
+                                                 decode.draft_ahead_rounds, self.recognizer.processor.draft_rules)
                 else:
                     decoded = greedy_decode(model, job.prompt, job.max_new_tokens, eos)
             except ValueError as error:

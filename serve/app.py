@@ -299,7 +299,7 @@ class OcrService:
         import torch
 
         from ..model.devices import resolve_device
-        from ..model.engine import Engine, EngineConfig
+        from ..model.engine import Engine
         from ..model.engine.loop import EngineLoop
         from ..model.loading import DEFAULT_MODEL_DIR, load_recognizer
         from ..pipelines.layout import make_layout, make_line_splitter
@@ -311,26 +311,18 @@ class OcrService:
         recognizer = load_recognizer(self.settings.model or DEFAULT_MODEL_DIR, dtype=dtype, device=device)
         model = recognizer.model
         context = model.config.text_config.max_position_embeddings
-        crop_config = RecognizerConfig(mode=self.settings.mode, block_size=self.settings.block_size,
-                                       draft_ahead=self.settings.draft_ahead,
-                                       draft_branches=self.settings.draft_branches,
-                                       draft_ahead_max_batch=self.settings.draft_ahead_max_batch,
-                                       speculative_max_batch=self.settings.speculative_max_batch)
-        self.crop_config = crop_config.capped(self.settings.max_new_tokens)
-        engine_config = EngineConfig(max_batch_size=self.settings.max_batch_size,
-                                     max_seq_len=min(self.settings.max_seq_len, context),
-                                     block_size=self.settings.block_size, mode=self.settings.mode,
-                                     device=str(model.device), dtype=model.dtype, num_threads=self.settings.threads,
-                                     draft_ahead=self.crop_config.draft_ahead_rounds,
-                                     draft_ahead_max_batch=self.crop_config.draft_ahead_max_batch or None,
-                                     speculative_max_batch=self.crop_config.speculative_max_batch_on(str(model.device),
-                                                                                                  self.settings.threads))
+        self.crop_config = RecognizerConfig(decode=self.settings.decode).capped(self.settings.max_new_tokens)
+        engine_config = self.settings.decode.engine_config(device=str(model.device), dtype=model.dtype,
+                                                           threads=self.settings.threads,
+                                                           max_batch_size=self.settings.max_batch_size,
+                                                           max_seq_len=min(self.settings.max_seq_len, context))
         self.loop = EngineLoop(lambda: Engine(model, engine_config, recognizer.processor.eos_token_ids,
                                               draft_rules=recognizer.processor.draft_rules),
                                on_step=_record_engine_step)
         metrics.engine_actor_started(device)
         self.recognizer = recognizer
         self.engine_config = engine_config
+        self.decode = self.settings.decode.resolved(str(model.device), self.settings.threads)  # caps written out
         self.page_config = PageOcrConfig(dpi=self.settings.dpi, layout=self.settings.layout, lines=self.settings.lines)
         self.layout = make_layout(self.page_config.layout)
         self.lines = make_line_splitter(self.page_config.lines)
@@ -464,7 +456,7 @@ class OcrService:
                 "finished_requests": stats.finished_requests, "aborted_requests": stats.aborted_requests,
                 "committed_tokens": stats.committed_tokens, "forward_passes": stats.forward_passes,
                 "rounds_by_kind": stats.rounds_by_kind(),
-                "speculative_max_batch": self.engine_config.speculative_max_batch}
+                "speculative_max_batch": self.decode.speculative_max_batch}  # 0: any batch size
 
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import yaml
 
+from ..model.decode_settings import add_decode_arguments, decode_settings_from_args
 from ..pipelines.layout import LAYOUT_BACKENDS, LINE_SPLITTERS
 from .settings import ServeSettings
 
@@ -43,23 +44,13 @@ def add_arguments(parser) -> None:
     parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="Serve config file (the one `serve deploy` takes)")
     parser.add_argument("--address", help="Ray cluster address (default: a local Ray)")
     parser.add_argument("--model", help="model directory or hub name (overrides the config)")
-    parser.add_argument("--mode", choices=("spec", "ar"), help="decoding mode (overrides the config)")
-    parser.add_argument("--draft-ahead", type=int, metavar="L",
-                        help="draft-ahead rounds with blocks of L masks, 0 for classic rounds (overrides the config)")
-    parser.add_argument("--draft-branches", type=int, metavar="N",
-                        help="second-choice branches per draft-ahead round (overrides the config)")
-    parser.add_argument("--draft-ahead-max-batch", type=int, metavar="N",
-                        help="draft-ahead rounds only while at most N crops decode together, classic rounds "
-                             "above; 0: at any batch size (overrides the config)")
-    parser.add_argument("--speculative-max-batch", type=int, metavar="N",
-                        help="speculative rounds only while at most N crops decode together, AR rounds above; "
-                             "0: at any batch size (overrides the config; default: the device's)")
     parser.add_argument("--layout", choices=LAYOUT_BACKENDS,
                         help="layout backend (overrides the config; default: the page pipeline's, as for "
                              "`gravityocr ocr` and `gravityocr batch`)")
     parser.add_argument("--lines", choices=LINE_SPLITTERS,
                         help="how text regions are split into lines (overrides the config; default: the page "
                              "pipeline's)")
+    add_decode_arguments(parser, with_mode=True, defaults_from="the config's `decode:`")
 
 
 def run(args) -> int:
@@ -71,21 +62,12 @@ def run(args) -> int:
     http_options, settings, options = load_serve_config(args.config)
     if args.model:
         settings.model = args.model
-    if args.mode:
-        settings.mode = args.mode
-    if args.draft_ahead is not None:
-        settings.draft_ahead = args.draft_ahead
-    if args.draft_branches is not None:
-        settings.draft_branches = args.draft_branches
-    if args.draft_ahead_max_batch is not None:
-        settings.draft_ahead_max_batch = args.draft_ahead_max_batch
-    if args.speculative_max_batch is not None:
-        settings.speculative_max_batch = args.speculative_max_batch
     if args.layout is not None:
         settings.layout = args.layout
     if args.lines is not None:
         settings.lines = args.lines
     try:
+        settings.decode = decode_settings_from_args(args, base=settings.decode)
         settings.check()  # the config's settings with the command line's overrides
     except ValueError as error:
         raise SystemExit(f"gravityocr serve: {error}") from None

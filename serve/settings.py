@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..model.decode_settings import DecodeSettings
 from ..pipelines.page_ocr import PageOcrConfig  # the page settings' defaults
 
 TOKEN_ENV = "GRAVITYOCR_API_TOKEN"
@@ -16,20 +17,10 @@ TOKEN_FILE_ENV = "GRAVITYOCR_API_TOKEN_FILE"
 @dataclass
 class ServeSettings:
     model: str | None = None  # directory or hub name; None: the shipped default
-    mode: str = "spec"  # "spec" | "ar"
+    # How crops are decoded: the config's `decode:` mapping (model/decode_settings.py), the
+    # same settings and meanings as every command's decoding flags.
+    decode: DecodeSettings = field(default_factory=DecodeSettings)
     max_batch_size: int = 32  # sequences one replica's engine decodes together
-    block_size: int = 32
-    # Masks per anchored block of draft-ahead rounds (one pass per round: lower latency at
-    # low concurrency, less throughput in large CPU batches); 0: classic rounds.
-    draft_ahead: int = 0
-    draft_branches: int = 0  # with draft_ahead: second-choice branches verified in each round
-    # With draft_ahead: one-pass rounds only while at most this many crops decode together,
-    # classic rounds above (0: at any batch size).
-    draft_ahead_max_batch: int = 0
-    # Speculative rounds only while at most this many crops decode together, AR rounds above
-    # (same text; a CPU decodes a full batch faster in AR rounds); 0: at any batch size;
-    # None: the device's default.
-    speculative_max_batch: int | None = None
     max_seq_len: int = 2048  # prompt + output tokens of one crop
     max_new_tokens: int = 1024  # cap per crop (chat requests may ask for less)
     dpi: float = PageOcrConfig.dpi
@@ -53,28 +44,22 @@ class ServeSettings:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(args) - known
         if unknown:
-            raise ValueError(f"unknown serve settings {sorted(unknown)}; known: {sorted(known)}")
-        settings = cls(**args)
+            decoding = unknown & {f.name for f in dataclasses.fields(DecodeSettings)}
+            hint = f" ({', '.join(sorted(decoding))}: under `decode:`)" if decoding else ""
+            raise ValueError(f"unknown serve settings {sorted(unknown)}{hint}; known: {sorted(known)}")
+        settings = cls(**{**args, "decode": DecodeSettings.from_mapping(args.get("decode"))})
         settings.check()
         return settings
 
     def check(self) -> None:
-        """Raise ValueError for settings that cannot serve (after a config or command-line override)."""
+        """Raise ValueError for settings that cannot serve (after a config or command-line
+        override); the decoding settings are checked when they are made (DecodeSettings)."""
         from ..pipelines.layout import LAYOUT_BACKENDS, LINE_SPLITTERS
 
-        if self.mode not in ("spec", "ar"):
-            raise ValueError(f"mode must be 'spec' or 'ar', got {self.mode!r}")
         if self.layout not in LAYOUT_BACKENDS:
             raise ValueError(f"layout must be one of {', '.join(LAYOUT_BACKENDS)}, got {self.layout!r}")
         if self.lines not in LINE_SPLITTERS:
             raise ValueError(f"lines must be one of {', '.join(LINE_SPLITTERS)}, got {self.lines!r}")
-        if self.draft_branches and not self.draft_ahead:
-            raise ValueError("draft_branches needs draft-ahead rounds: set draft_ahead too")
-        if self.draft_ahead_max_batch < 0:
-            raise ValueError(f"draft_ahead_max_batch must be at least 0 (0: any batch), got {self.draft_ahead_max_batch}")
-        if self.speculative_max_batch is not None and self.speculative_max_batch < 0:
-            raise ValueError("speculative_max_batch must be at least 0 (0: any batch, None: the device's default), "
-                             f"got {self.speculative_max_batch}")
 
     def api_token(self) -> str | None:
         """The bearer token requests must carry, or None when auth is off. Never logged."""

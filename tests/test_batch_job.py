@@ -18,6 +18,7 @@ import ray
 import torch
 from PIL import Image
 
+from gravityocr.model.decode_settings import DecodeSettings
 from gravityocr.model.loading import Recognizer, save_recognizer
 from gravityocr.pipelines import synthetic_pages
 from gravityocr.pipelines.assembly import PageResult, document_markdown
@@ -142,7 +143,7 @@ def test_killed_engine_actor_loses_and_duplicates_nothing(ray_cluster, model_dir
     result = {}
     job = threading.Thread(target=lambda: result.update(summary=run_batch_job(BatchJobConfig(
         str(source), str(output), address=ray_cluster.address, min_actors=2, max_actors=2, model=model_dir,
-        pages_per_batch=1, max_new_tokens=48, speculative_max_batch=0))))
+        pages_per_batch=1, max_new_tokens=48, decode=DecodeSettings(speculative_max_batch=0)))))
     job.start()
     killed = None
     deadline = time.monotonic() + 240

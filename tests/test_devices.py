@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 
+from gravityocr.model.decode_settings import DecodeSettings
 from gravityocr.model.devices import resolve_device
 from gravityocr.pipelines.batch_job import actor_resources
 from gravityocr.serve.settings import ServeSettings
@@ -40,15 +41,21 @@ def test_serve_settings_carry_device_and_dtype():
     assert ServeSettings().device == "auto"
     with pytest.raises(ValueError, match="unknown serve settings"):
         ServeSettings.from_args({"gpu": True})
-    with pytest.raises(ValueError, match="draft_branches needs draft-ahead"):
-        ServeSettings.from_args({"draft_branches": 2})
-    assert ServeSettings.from_args({"draft_ahead": 16, "draft_branches": 4}).draft_branches == 4
-    with pytest.raises(ValueError, match="draft_ahead_max_batch must be at least 0"):
-        ServeSettings.from_args({"draft_ahead": 16, "draft_ahead_max_batch": -1})
-    assert ServeSettings.from_args({"draft_ahead": 16, "draft_ahead_max_batch": 2}).draft_ahead_max_batch == 2
-    with pytest.raises(ValueError, match="speculative_max_batch must be at least 0"):
-        ServeSettings.from_args({"speculative_max_batch": -1})
-    assert ServeSettings().speculative_max_batch is None  # the device's default
+
+
+def test_serve_settings_hold_the_decode_settings_of_their_config():
+    with pytest.raises(ValueError, match=r"draft_branches \(--draft-branches\) needs draft-ahead"):
+        ServeSettings.from_args({"decode": {"draft_branches": 2}})
+    assert ServeSettings.from_args({"decode": {"draft_ahead": 16, "draft_branches": 4}}).decode == DecodeSettings(
+        draft_ahead=16, draft_branches=4)
+    with pytest.raises(ValueError, match=r"draft_ahead_max_batch \(--draft-ahead-max-batch\) must be at least 0"):
+        ServeSettings.from_args({"decode": {"draft_ahead": 16, "draft_ahead_max_batch": -1}})
+    with pytest.raises(ValueError, match="unknown decode settings"):
+        ServeSettings.from_args({"decode": {"speculative_cap": 2}})
+    # a decoding setting outside `decode:` is refused with where it belongs
+    with pytest.raises(ValueError, match="speculative_max_batch: under `decode:`"):
+        ServeSettings.from_args({"speculative_max_batch": 2})
+    assert ServeSettings().decode == ServeSettings.from_args({}).decode == DecodeSettings()  # the product's
 
 
 def test_engine_honours_its_dtype(trained_tiny_model, overfit_samples, tokenizer):
@@ -65,8 +72,9 @@ def test_engine_honours_its_dtype(trained_tiny_model, overfit_samples, tokenizer
         model.to(torch.float64)
 
 
-@pytest.mark.parametrize("flags, words", [(["--speculative-max-batch", "-1"], "speculative_max_batch must be at least 0"),
-                                          (["--draft-branches", "2"], "draft_branches needs draft-ahead")])
+@pytest.mark.parametrize("flags, words", [
+    (["--speculative-max-batch", "-1"], "speculative_max_batch (--speculative-max-batch) must be at least 0"),
+    (["--draft-branches", "2"], "draft_branches (--draft-branches) needs draft-ahead")])
 def test_serve_command_refuses_bad_overrides_before_starting_ray(flags, words):
     done = subprocess.run([sys.executable, "-m", "gravityocr.cli", "serve", *flags], capture_output=True, text=True,
                           timeout=120)

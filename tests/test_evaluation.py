@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from gravityocr.cli import main
+from gravityocr.model.decode_settings import DecodeSettings
+from gravityocr.model.engine.config import speculative_max_batch_for
 from gravityocr.model.loading import Recognizer, save_recognizer
 from gravityocr.model.manifest import ManifestItem, write_manifest
 
@@ -29,7 +31,9 @@ def test_eval_json_on_a_trained_tiny_model(tmp_path, trained_tiny_model, process
     items.append(ManifestItem("missing", data / "images" / "missing.png", "text", "anything"))
     write_manifest(data, items)
 
-    assert main(["eval", str(data), "--model", str(model_dir), "--json", "--check-exact", "--block-size", "16"]) == 0
+    # Speculating at every batch size (the product caps it on a CPU), with a block of 16.
+    assert main(["eval", str(data), "--model", str(model_dir), "--json", "--check-exact", "--block-size", "16",
+                 "--speculative-max-batch", "0"]) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert report["n"] == 5
     assert report["exact"] is True
@@ -43,10 +47,24 @@ def test_eval_json_on_a_trained_tiny_model(tmp_path, trained_tiny_model, process
     assert min(report["tpf_by_type"].values()) <= report["tpf"] <= max(report["tpf_by_type"].values())
     assert set(report["accepted_per_round"]) == {"text", "table", "formula"}
     assert all(0 <= report[k] <= 1 for k in ("overall", "text", "table", "formula"))
+    # the JSON says what was measured
+    threads = torch.get_num_threads()
+    assert report["decode"] == {"mode": "spec", "block_size": 16, "draft_ahead": 0, "draft_branches": 0,
+                                "draft_ahead_max_batch": 0, "speculative_max_batch": 0,
+                                "device": "cpu", "threads": threads, "product_default": False}
+
+    # By default the product's decoding as it ships, its CPU cap written out: the same reading.
+    assert main(["eval", str(data), "--model", str(model_dir), "--json"]) == 0
+    shipped = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert shipped["decode"] == {"mode": "spec", "block_size": 32, "draft_ahead": 0, "draft_branches": 0,
+                                 "draft_ahead_max_batch": 0,
+                                 "speculative_max_batch": speculative_max_batch_for("cpu", threads),
+                                 "device": "cpu", "threads": threads, "product_default": True}
+    assert {k: shipped[k] for k in ("text", "table", "formula")} == {k: report[k] for k in ("text", "table", "formula")}
 
     # Draft-ahead rounds: the same reading (checked against AR again), in fewer passes here.
     assert main(["eval", str(data), "--model", str(model_dir), "--json", "--check-exact", "--block-size", "16",
-                 "--draft-ahead", "8"]) == 0
+                 "--speculative-max-batch", "0", "--draft-ahead", "8"]) == 0
     ahead = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert ahead["exact"] is True
     assert {k: ahead[k] for k in ("text", "table", "formula")} == {k: report[k] for k in ("text", "table", "formula")}
@@ -64,7 +82,8 @@ def test_eval_json_on_a_trained_tiny_model(tmp_path, trained_tiny_model, process
     free = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert free["exact"] is True
     assert {k: free[k] for k in ("text", "table", "formula")} == {k: report[k] for k in ("text", "table", "formula")}
-    with pytest.raises(SystemExit, match="--draft-branches needs --draft-ahead"):
+    assert branched["decode"]["draft_ahead"] == 8 and branched["decode"]["draft_branches"] == 3
+    with pytest.raises(SystemExit, match=r"draft_branches \(--draft-branches\) needs draft-ahead rounds"):
         main(["eval", str(data), "--model", str(model_dir), "--draft-branches", "3"])
 
 
@@ -89,10 +108,10 @@ def test_pages_are_read_by_the_page_pipeline_and_scored_as_page_text(tmp_path, t
     items = [ManifestItem("page", data / "images" / "page.png", "page", truth),
              ManifestItem("line", data / "images" / "line.png", "text", OVERFIT_TEXTS[0])]
 
-    report = evaluate_set(recognizer, items, block_size=16, check_exact=True)
+    report = evaluate_set(recognizer, items, decode=DecodeSettings(block_size=16), check_exact=True)
     assert set(report.scores) == {"page", "text"} and report.exact is True
     page_outcome = next(o for o in report.items if o.id == "page")
-    pipeline = PageOcr(CropRecognizer(recognizer, RecognizerConfig(mode="ar")), PageOcrConfig())
+    pipeline = PageOcr(CropRecognizer(recognizer, RecognizerConfig(DecodeSettings(mode="ar"))), PageOcrConfig())
     (read,) = pipeline.read_pages([Page("page", 1, page.image.convert("RGB"), page.image.width, page.image.height)])
     assert page_outcome.prediction == read.text(include_furniture=True) != ""
     assert page_outcome.score == page_similarity(page_outcome.prediction, truth)

@@ -27,7 +27,7 @@ from document_fixtures import (  # noqa: F401
     tiny_model_dir,
     tiny_recognizer,
 )
-from gravityocr.model.engine.config import speculative_max_batch_for
+from gravityocr.model.decode_settings import DecodeSettings
 from gravityocr.pipelines import ocr_cli
 from gravityocr.pipelines.assembly import (
     LineResult,
@@ -60,8 +60,9 @@ def _validator(name: str) -> jsonschema.Draft202012Validator:
     return jsonschema.Draft202012Validator(schema, registry=registry)
 
 
-def _recognizer(**overrides) -> CropRecognizer:
-    return CropRecognizer(tiny_recognizer(), RecognizerConfig(**overrides).capped(MAX_NEW_TOKENS))
+def _recognizer(decoder: str = "auto", **decode) -> CropRecognizer:
+    config = RecognizerConfig(DecodeSettings(**decode), decoder=decoder)
+    return CropRecognizer(tiny_recognizer(), config.capped(MAX_NEW_TOKENS))
 
 
 @pytest.fixture(scope="module")
@@ -286,23 +287,10 @@ def test_a_crop_the_processor_refuses_is_a_region_error_not_a_page_failure():
 def test_recognizer_settings_are_checked():
     with pytest.raises(ValueError, match="decoder must be"):
         RecognizerConfig(decoder="fast")
-    with pytest.raises(ValueError, match="draft_branches needs draft-ahead"):
-        RecognizerConfig(draft_branches=2)
-    with pytest.raises(ValueError, match="longer than the draft block"):
-        RecognizerConfig(block_size=8, draft_ahead=16)
-    with pytest.raises(ValueError, match="draft_ahead_max_batch must be at least 0"):
-        RecognizerConfig(draft_ahead=8, draft_ahead_max_batch=-1)
-    capped = RecognizerConfig(draft_ahead=8, draft_branches=3, draft_ahead_max_batch=2).capped(100)
-    assert (capped.draft_ahead_rounds.block, capped.draft_ahead_rounds.branches) == (8, 3)
-    assert capped.draft_ahead_max_batch == 2
-    assert RecognizerConfig(mode="ar", draft_ahead=8).draft_ahead_rounds is None
-    with pytest.raises(ValueError, match="speculative_max_batch must be at least 0"):
-        RecognizerConfig(speculative_max_batch=-1)
-    # by default the device's: on a CPU AR rounds above a few crops; 0 speculates at any batch size
-    assert RecognizerConfig().speculative_max_batch_on("cpu", 2) == speculative_max_batch_for("cpu", 2) == 4
-    assert RecognizerConfig().speculative_max_batch_on("cuda", 2) is None
-    assert RecognizerConfig(speculative_max_batch=0).speculative_max_batch_on("cpu", 2) is None
-    assert RecognizerConfig(speculative_max_batch=6).capped(100).speculative_max_batch_on("cuda", 2) == 6
+    decode = DecodeSettings(draft_ahead=8, draft_branches=3, draft_ahead_max_batch=2)
+    capped = RecognizerConfig(decode).capped(100)
+    assert capped.decode is decode and set(capped.max_new_tokens.values()) == {100}
+    assert (capped.decode.draft_ahead_rounds.block, capped.decode.draft_ahead_rounds.branches) == (8, 3)
 
 
 def test_engine_and_reference_decoders_agree():
@@ -326,8 +314,8 @@ def test_engine_and_reference_decoders_agree():
     # One-pass rounds only while one crop is left: classic rounds (two passes each) while the
     # three decode together, and the same text. 64 tokens: rounds enough to tell them apart.
     def read(**settings):
-        return CropRecognizer(tiny_recognizer(), RecognizerConfig(decoder="engine", draft_ahead=8, speculative_max_batch=0, **settings)
-                              .capped(64)).recognize(crops)
+        config = RecognizerConfig(DecodeSettings(draft_ahead=8, speculative_max_batch=0, **settings), decoder="engine")
+        return CropRecognizer(tiny_recognizer(), config.capped(64)).recognize(crops)
     ahead, switched = read(), read(draft_ahead_max_batch=1)
     assert [r.text for r in switched] == [r.text for r in ahead]
     assert sum(r.stats.forward_passes for r in switched) > sum(r.stats.forward_passes for r in ahead)
@@ -391,12 +379,12 @@ def test_cli_refuses_bad_decoding_settings_clearly(tmp_path, tiny_model_dir, cap
     page = tmp_path / "page.png"
     page.write_bytes(png_bytes(Image.new("RGB", (10, 10), "white")))
     code, _, stderr = _cli([str(page), "--model", str(tiny_model_dir), "--draft-branches", "4"], capsys)
-    assert code == 2 and "cannot start: draft_branches needs draft-ahead rounds" in stderr
+    assert code == 2 and "cannot start: draft_branches (--draft-branches) needs draft-ahead rounds" in stderr
     code, _, stderr = _cli([str(page), "--model", str(tiny_model_dir), "--draft-ahead", "64"], capsys)
     assert code == 2 and "longer than the draft block" in stderr
     code, _, stderr = _cli([str(page), "--model", str(tiny_model_dir), "--draft-ahead", "8",
                             "--draft-ahead-max-batch", "-1"], capsys)
-    assert code == 2 and "draft_ahead_max_batch must be at least 0" in stderr
+    assert code == 2 and "draft_ahead_max_batch (--draft-ahead-max-batch) must be at least 0" in stderr
 
 
 def test_cli_json_writes_an_error_record_for_a_bad_file_among_good_ones(tmp_path, tiny_model_dir, capsys):

@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from gravityocr.model.decode_settings import DecodeSettings
 from gravityocr.model.engine.config import speculative_max_batch_for
 from gravityocr.model.loading import Recognizer, load_recognizer, save_recognizer
 from gravityocr.pipelines import ocr_cli, synthetic_pages
@@ -52,8 +53,9 @@ def served(ray_cluster, s3_endpoint, trained_tiny_model, processor, tmp_path_fac
     serve.run(build_app(ServeSettings(**common, allowed_buckets=["inbox"]), options), name="open", route_prefix="/")
     # The secured app also decodes in draft-ahead rounds (one pass per round), with branches,
     # while one crop decodes alone (classic rounds when more do).
-    serve.run(build_app(ServeSettings(**common, api_token_file=str(token_file), draft_ahead=8, draft_branches=2,
-                                      draft_ahead_max_batch=1), options),
+    serve.run(build_app(ServeSettings(**common, api_token_file=str(token_file),
+                                      decode=DecodeSettings(draft_ahead=8, draft_branches=2, draft_ahead_max_batch=1)),
+                        options),
               name="secured", route_prefix="/secured")
     serve.run(build_app(ServeSettings(**common, max_concurrent_requests=1, max_upload_bytes=SMALL_UPLOAD, max_pages=1,
                                       request_timeout_s=20), options), name="strict", route_prefix="/strict")

@@ -33,15 +33,19 @@ CPU_SPECULATIVE_BATCH_PER_THREAD = 2
 
 
 def speculative_max_batch_for(device: str, threads: int) -> int | None:
-    """The product's default EngineConfig.speculative_max_batch on `device` with `threads`
-    torch threads: on a CPU the measured crossover; elsewhere every batch size (a pass there
-    costs about the same whatever its length until the device is busy; no crossover
-    measured yet)."""
+    """The product's default speculative cap (what an unset `DecodeSettings.speculative_max_batch`
+    stands for) on `device` with `threads` torch threads, None for every batch size: on a
+    CPU the measured crossover; elsewhere every batch size (a pass there costs about the
+    same whatever its length until the device is busy; no crossover measured yet)."""
     return CPU_SPECULATIVE_BATCH_PER_THREAD * threads if torch.device(device).type == "cpu" else None
 
 
 @dataclass
 class EngineConfig:
+    """The engine's own configuration. Commands build it from the user's decoding settings
+    through `DecodeSettings.engine_config` (model/decode_settings.py), which resolves the
+    product's defaults; here each batch cap is already resolved, None meaning no cap."""
+
     max_batch_size: int = 64  # cache slots = sequences decoded together in one round
     max_seq_len: int = 2048  # per slot: prompt + new tokens
     block_size: int = 32  # draft block B (mode "spec")
