@@ -68,6 +68,9 @@ class GravityOcrForConditionalGeneration(GlmOcrForConditionalGeneration):
         if strip_vision is not None and module is strip_vision.reading_projection:
             # a strip checkpoint saved before the reading hint loads as the same function
             hf_init.zeros_(module.weight)
+        if strip_vision is not None and module is strip_vision:
+            # likewise one saved before the reading marker
+            hf_init.zeros_(module.reading_marker)
 
     @property
     def reading_prefix(self):
@@ -102,7 +105,8 @@ class GravityOcrForConditionalGeneration(GlmOcrForConditionalGeneration):
             visual = self.strip_vision.project(features_of_image)
             if prefix is not None:
                 ids = self.strip_vision.reading_ids(features_of_image, grid_h // MERGE, grid_w // MERGE, prefix)
-                visual = torch.cat([visual, self.get_input_embeddings()(ids).to(visual.dtype)])
+                reading = self.get_input_embeddings()(ids) + self.strip_vision.reading_marker
+                visual = torch.cat([visual, reading.to(visual.dtype)])
             out.append(visual)
         return out
 

@@ -30,9 +30,12 @@ follows the visual tokens as ordinary text tokens of the decoder's own vocabular
 k-th token takes the rope position of the k-th response token (GravityOcrForConditionalGeneration.
 rope_positions), so on a line the character to write next is read one position ahead of the
 one being written, at every length: a copy by position, which a content-matching copy loses
-on a line that repeats a word. Correcting the reading from the visual tokens, and turning it
-into a table's HTML or a formula's LaTeX, is what the decoder is trained for. The slot count
-depends on the crop's size alone, so the processor counts the prompt before the tower runs.
+on a line that repeats a word. Every prefix token also carries one learned marker vector:
+a prefix token and the response token at the same rope position are then told apart from the
+first layer on (without it they are the same embedding at the same position). Correcting the
+reading from the visual tokens, and turning it into a table's HTML or a formula's LaTeX, is
+what the decoder is trained for. The slot count depends on the crop's size alone, so the
+processor counts the prompt before the tower runs.
 
 The processor hands the engine `pixel_values` of shape (cells, 3·48·24), one 48×24 cell
 per visual token in row-major order, and `image_grid_thw` = (1, 2·rows, 2·columns): the
@@ -223,6 +226,9 @@ class StripVisionTower(nn.Module):
         neck_dim = self.recognizer.config.neck_dim
         self.reading_head = nn.Linear(neck_dim, vocab_size + 1)
         self.reading_projection = nn.Linear(STEPS_PER_TOKEN * (vocab_size + 1), hidden_size, bias=False)
+        # added to every reading-prefix token: the decoder tells the prefix's characters from
+        # its own output's at the first layer (zero: a model saved without it is unchanged)
+        self.reading_marker = nn.Parameter(torch.zeros(hidden_size))
         with torch.no_grad():
             self.reading_projection.weight.zero_()
 

@@ -79,6 +79,8 @@ def strip_recognizer(tokenizer):
     prefix = ReadingPrefix.for_tokenizer(tokenizer)
     config.reading_prefix = asdict(prefix)
     model = GravityOcrForConditionalGeneration(config).to(torch.float64).eval()
+    with torch.no_grad():  # a trained marker, so every path below carries it
+        model.strip_vision.reading_marker.normal_(std=0.5)
     return Recognizer(model, OcrProcessor(tokenizer, StripImageProcessor(), reading_placeholder_id=prefix.placeholder_id))
 
 
@@ -97,6 +99,30 @@ def test_the_model_saves_and_loads_with_its_tower_and_processor(strip_recognizer
     assert before.shape == (visual + slots, model.config.text_config.hidden_size)
     assert int((prompt.input_ids == loaded.processor.reading_placeholder_id).sum()) == slots
     assert torch.equal(before, after)
+
+
+def test_the_reading_prefix_is_its_tokens_embeddings_plus_the_marker(strip_recognizer, tmp_path):
+    """Prefix positions hold the read tokens' embeddings plus the one learned marker; a model
+    saved before the marker existed loads with it at zero, the function it was saved as."""
+    from safetensors.torch import load_file, save_file
+
+    model, processor = strip_recognizer.model, strip_recognizer.processor
+    prompt = processor.encode(render([TEXT], 20, 4), "text")
+    _, height, width = prompt.image_grid_thw[0].tolist()
+    with torch.no_grad():
+        filled = model.encode_images(prompt.pixel_values, prompt.image_grid_thw)[0]
+        features = model.strip_vision.token_features(prompt.pixel_values, prompt.image_grid_thw)[0]
+        ids = model.strip_vision.reading_ids(features, height // 2, width // 2, model.reading_prefix)
+        expected = model.get_input_embeddings()(ids) + model.strip_vision.reading_marker
+    assert torch.equal(filled[height * width // 4:], expected)
+    assert model.strip_vision.reading_marker.abs().sum() > 0
+
+    save_recognizer(strip_recognizer, tmp_path / "saved")
+    weights = tmp_path / "saved" / "model.safetensors"
+    save_file({k: v for k, v in load_file(weights).items() if k != "strip_vision.reading_marker"}, weights,
+              metadata={"format": "pt"})
+    loaded = load_recognizer(tmp_path / "saved", dtype=torch.float64)
+    assert torch.equal(loaded.model.strip_vision.reading_marker, torch.zeros_like(model.strip_vision.reading_marker))
 
 
 def test_the_reading_prefix_takes_the_positions_of_the_response(strip_recognizer):
