@@ -102,9 +102,10 @@ class GravityOcrForConditionalGeneration(GlmOcrForConditionalGeneration):
         prefix = self.reading_prefix
         out = []
         for features_of_image, (_, grid_h, grid_w) in zip(features, image_grid_thw.tolist()):
-            visual = self.strip_vision.project(features_of_image)
+            logits = self.strip_vision.reading_logits(features_of_image)
+            visual = self.strip_vision.project(features_of_image, logits)
             if prefix is not None:
-                ids = self.strip_vision.reading_ids(features_of_image, grid_h // MERGE, grid_w // MERGE, prefix)
+                ids = self.strip_vision.reading_ids(logits, grid_h // MERGE, grid_w // MERGE, prefix)
                 reading = self.get_input_embeddings()(ids) + self.strip_vision.reading_marker
                 visual = torch.cat([visual, reading.to(visual.dtype)])
             out.append(visual)

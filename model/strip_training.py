@@ -20,6 +20,7 @@ import hashlib
 import json
 import random
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -246,12 +247,10 @@ def length_weights(items: list[CachedItem]) -> list[float]:
     """Sampling weights in proportion to each item's text length (clamped), normalised so
     that every type keeps the share of draws its item count gives it."""
     clamped = [min(max(len(item.text), SHORTEST_WEIGHT), LONGEST_WEIGHT) for item in items]
-    by_type: dict[str, float] = {}
+    by_type: Counter[str] = Counter()
     for item, length in zip(items, clamped):
-        by_type[item.type] = by_type.get(item.type, 0.0) + length
-    counts: dict[str, int] = {}
-    for item in items:
-        counts[item.type] = counts.get(item.type, 0) + 1
+        by_type[item.type] += length
+    counts = Counter(item.type for item in items)
     return [counts[item.type] * length / by_type[item.type] for item, length in zip(items, clamped)]
 
 @torch.no_grad()
@@ -313,7 +312,7 @@ def train(config: StripTrainConfig, log=print) -> Path:
     view = CachedTowerView(model)
     rng = random.Random(config.seed * 1000 + step)
     generator = torch.Generator().manual_seed(config.seed * 1000 + step)
-    weights = length_weights(items)
+    weights = length_weights(items) if config.sample_by_length else None
     log_path = output / "train_log.jsonl"
     output.mkdir(parents=True, exist_ok=True)
     # one schedule for both groups, as a multiple of each group's own peak rate
@@ -344,7 +343,7 @@ def train(config: StripTrainConfig, log=print) -> Path:
             record["validation"] = validate(recognizer, held_out)
             # the cache may still be growing beside a long run: take in its new files
             items = [i for i in read_cache(Path(config.cache), config.max_visual_tokens) if i.type in config.types and i.id not in held_out_ids]
-            weights = length_weights(items)
+            weights = length_weights(items) if config.sample_by_length else None
         with log_path.open("a") as stream:
             stream.write(json.dumps(record) + "\n")
         if step % 50 == 0 or "validation" in record:

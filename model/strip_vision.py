@@ -250,12 +250,17 @@ class StripVisionTower(nn.Module):
             out.append(per_step.reshape(rows * columns, FEATURES_PER_TOKEN))
         return out
 
-    def reading_ids(self, features: torch.Tensor, rows: int, columns: int, prefix: ReadingPrefix) -> torch.Tensor:
+    def reading_logits(self, features: torch.Tensor) -> torch.Tensor:
+        """(tokens, 1512) features -> (tokens, 3, vocab + 1): the classifier's logits for each
+        8-px step (what the hint projects and the prefix reads; computed once per image)."""
+        neck_dim = self.recognizer.config.neck_dim
+        steps = features.reshape(features.shape[0], STEPS_PER_TOKEN, FEATURES_PER_STEP)[:, :, :neck_dim]
+        return self.reading_head(steps.to(self.reading_head.weight.dtype))
+
+    def reading_ids(self, reading_logits: torch.Tensor, rows: int, columns: int, prefix: ReadingPrefix) -> torch.Tensor:
         """(reading_slots(rows, columns),) token ids: the greedy CTC reading of each strip,
         strips joined by a newline, cut to the slots and padded with the empty token."""
-        neck_dim = self.recognizer.config.neck_dim
-        steps = features.reshape(rows, columns * STEPS_PER_TOKEN, FEATURES_PER_STEP)[:, :, :neck_dim]
-        best = self.reading_head(steps.to(self.reading_head.weight.dtype)).argmax(dim=-1)
+        best = reading_logits.reshape(rows, columns * STEPS_PER_TOKEN, -1).argmax(dim=-1)
         blank = self.reading_head.out_features - 1
         previous = torch.nn.functional.pad(best, (1, 0), value=blank)[:, :-1]
         read = (best != blank) & (best != previous)
@@ -266,12 +271,11 @@ class StripVisionTower(nn.Module):
             ids += best[row][read[row]].tolist()
         slots = reading_slots(rows, columns)
         ids = ids[:slots] + [prefix.empty_id] * max(0, slots - len(ids))
-        return torch.tensor(ids, dtype=torch.long, device=features.device)
+        return torch.tensor(ids, dtype=torch.long, device=reading_logits.device)
 
-    def project(self, features: torch.Tensor) -> torch.Tensor:
-        """(tokens, 1512) features -> (tokens, hidden) visual-token embeddings."""
-        neck_dim = self.recognizer.config.neck_dim
-        steps = features.reshape(features.shape[0], STEPS_PER_TOKEN, FEATURES_PER_STEP)[:, :, :neck_dim]
-        reading = self.reading_head(steps.to(self.reading_head.weight.dtype)).softmax(dim=-1)
+    def project(self, features: torch.Tensor, reading_logits: torch.Tensor) -> torch.Tensor:
+        """(tokens, 1512) features and their `reading_logits` -> (tokens, hidden) visual-token
+        embeddings."""
+        reading = reading_logits.softmax(dim=-1)
         hint = self.reading_projection(reading.flatten(1).to(self.reading_projection.weight.dtype))
         return self.projection(self.norm(features)) + hint

@@ -112,7 +112,8 @@ def test_the_reading_prefix_is_its_tokens_embeddings_plus_the_marker(strip_recog
     with torch.no_grad():
         filled = model.encode_images(prompt.pixel_values, prompt.image_grid_thw)[0]
         features = model.strip_vision.token_features(prompt.pixel_values, prompt.image_grid_thw)[0]
-        ids = model.strip_vision.reading_ids(features, height // 2, width // 2, model.reading_prefix)
+        ids = model.strip_vision.reading_ids(model.strip_vision.reading_logits(features), height // 2, width // 2,
+                                              model.reading_prefix)
         expected = model.get_input_embeddings()(ids) + model.strip_vision.reading_marker
     assert torch.equal(filled[height * width // 4:], expected)
     assert model.strip_vision.reading_marker.abs().sum() > 0
@@ -158,7 +159,8 @@ def test_the_reading_prefix_holds_what_the_pretrained_classifier_reads(tokenizer
         _, height, width = prompt.image_grid_thw[0].tolist()
         with torch.no_grad():
             features = model.strip_vision.token_features(prompt.pixel_values, prompt.image_grid_thw)[0]
-            ids = model.strip_vision.reading_ids(features, height // 2, width // 2, prefix).tolist()
+            ids = model.strip_vision.reading_ids(model.strip_vision.reading_logits(features), height // 2, width // 2,
+                                                  prefix).tolist()
         assert len(ids) == reading_slots(height // 2, width // 2) == int((prompt.input_ids == prefix.placeholder_id).sum())
         read = [i for i in ids if i != prefix.empty_id]
         assert ids[len(read):] == [prefix.empty_id] * (len(ids) - len(read))
