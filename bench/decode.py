@@ -8,10 +8,9 @@ output. Hugging Face `generate()` greedy and prompt-lookup decoding at batch 1 o
 items are outside reference points ("peers"). Prints figures; never judges them.
 
 The decoding flags are every command's (model/decode_settings.py); each column is those
-settings with what it does not measure turned off: "spec" classic rounds at every batch
-size, "ahead" draft-ahead rounds (--draft-ahead), "branches" with second-choice branches
-(--draft-branches), "capped" classic rounds under --speculative-max-batch (unset here it
-is 0, every batch size, so there is no such column).
+settings with what it does not measure turned off: "spec" speculative rounds at every
+batch size, "capped" speculative rounds under --speculative-max-batch, AR rounds above
+(unset here it is 0, every batch size, so there is no such column).
 """
 
 from __future__ import annotations
@@ -131,14 +130,10 @@ def run_mode(model, eos_ids, items: list[BenchItem], count: int, max_new_tokens:
 def columns(decode: DecodeSettings) -> dict[str, DecodeSettings]:
     """The settings of each column: AR, then `decode` with what a column does not measure
     turned off (see the module docstring)."""
-    classic = dataclasses.replace(decode, mode="spec", draft_ahead=0, draft_branches=0)
-    modes = {"ar": dataclasses.replace(classic, mode="ar"), "spec": dataclasses.replace(classic, speculative_max_batch=0)}
-    if decode.draft_ahead:
-        modes["ahead"] = dataclasses.replace(decode, mode="spec", draft_branches=0, speculative_max_batch=0)
-        if decode.draft_branches:
-            modes["branches"] = dataclasses.replace(decode, mode="spec", speculative_max_batch=0)
+    spec = dataclasses.replace(decode, mode="spec")
+    modes = {"ar": dataclasses.replace(spec, mode="ar"), "spec": dataclasses.replace(spec, speculative_max_batch=0)}
     if decode.speculative_max_batch != 0:
-        modes["capped"] = classic
+        modes["capped"] = spec
     return modes
 
 
@@ -247,16 +242,16 @@ def _print_table(report: dict) -> None:
     print(f"model: {report['model']}")
     print(f"data: {report['data']}")
     print("settings: " + ", ".join(f"{k}={v}" for k, v in report["settings"].items()))
-    one_pass = [name for name in ("ahead", "branches", "capped") if any(f"{name}_tok_s" in row for row in report["rows"])]
+    extra = [name for name in ("capped",) if any(f"{name}_tok_s" in row for row in report["rows"])]
     header = f"{'batch':>5} {'type':<8} {'req':>4} {'AR tok/s':>9} {'spec tok/s':>10} {'speed-up':>8} {'TPF':>6} {'acc/round':>9}"
-    for name in one_pass:
+    for name in extra:
         header += f" {name + ' tok/s':>14} {'speed-up':>8} {'TPF':>6} {'acc/round':>9}"
     print(header + "  exact")
     for row in report["rows"]:
         line = (f"{row['batch_size']:>5} {row['type']:<8} {row['requests']:>4} {row['ar_tok_s']:>9.1f} "
                 f"{row['spec_tok_s']:>10.1f} {row['speedup'] or 0:>8.2f} {row['tpf']:>6.2f} "
                 f"{row['accepted_per_round']:>9.2f}")
-        for name in one_pass:
+        for name in extra:
             line += (f" {row[name + '_tok_s']:>14.1f} {row[name + '_speedup'] or 0:>8.2f} {row[name + '_tpf']:>6.2f} "
                      f"{row[name + '_accepted_per_round']:>9.2f}")
         print(f"{line}  {row['exact']}")

@@ -8,9 +8,8 @@ beside the time to the whole answer.
 
 The decoding flags are every command's (model/decode_settings.py), unset the product's
 defaults. Each mode serves them with what it does not measure turned off: "ar" AR
-decoding, "spec" classic rounds (the product's default decoding, unless flags say
-otherwise), "spec-all" (--spec-all) classic rounds at every batch size, "ahead"
-(--draft-ahead) the settings as given.
+decoding, "spec" self-speculative rounds (the product's default decoding, unless flags say
+otherwise), "spec-all" (--spec-all) speculative rounds at every batch size.
 """
 
 from __future__ import annotations
@@ -114,12 +113,10 @@ def load_level(url: str, bodies: list[dict], concurrency: int, requests: int, ma
 
 def serve_modes(decode: DecodeSettings, spec_all: bool) -> dict[str, DecodeSettings]:
     """The settings each mode serves with (see the module docstring)."""
-    classic = dataclasses.replace(decode, mode="spec", draft_ahead=0, draft_branches=0)
-    modes = {"ar": dataclasses.replace(classic, mode="ar"), "spec": classic}
+    spec = dataclasses.replace(decode, mode="spec")
+    modes = {"ar": dataclasses.replace(spec, mode="ar"), "spec": spec}
     if spec_all:
-        modes["spec-all"] = dataclasses.replace(classic, speculative_max_batch=0)
-    if decode.draft_ahead:
-        modes["ahead"] = dataclasses.replace(decode, mode="spec")
+        modes["spec-all"] = dataclasses.replace(spec, speculative_max_batch=0)
     return modes
 
 

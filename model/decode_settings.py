@@ -6,14 +6,14 @@ Every command that decodes (`eval`, `ocr`, `batch`, `serve`, `bench decode`, `be
 (the Serve config, the RayService) nests them under `decode:`, so a value means the same
 wherever it is set.
 
-The two batch caps share one vocabulary:
+The batch cap (`speculative_max_batch`) reads:
 
     None   the product's default on the device (what a user gets by leaving it unset)
     0      every batch size
     N >= 1 only while at most N sequences decode together
 
-`resolved(device, threads)` writes the defaults out (never None), in the same vocabulary;
-`engine_config(...)` hands the engine those caps (where the engine's own `None` means no
+`resolved(device, threads)` writes the default out (never None), in the same vocabulary;
+`engine_config(...)` hands the engine that cap (where the engine's own `None` means no
 cap). The output text is the same under any setting: greedy AR decoding of the same weights.
 
 Importing this module does not import torch: commands build their parsers before loading
@@ -31,19 +31,16 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     import torch
 
-    from .draft_ahead import DraftAhead
     from .engine.config import EngineConfig
 
 MODES = ("spec", "ar")
 
 # What each setting is called on the command line, for messages that must name it either way.
-FLAGS = {"mode": "--mode", "block_size": "--block-size", "draft_ahead": "--draft-ahead",
-         "draft_branches": "--draft-branches", "draft_ahead_max_batch": "--draft-ahead-max-batch",
-         "speculative_max_batch": "--speculative-max-batch"}
+FLAGS = {"mode": "--mode", "block_size": "--block-size", "speculative_max_batch": "--speculative-max-batch"}
 
 
 def _named(field_name: str) -> str:
-    """A setting as both spellings a user may have typed: `draft_ahead (--draft-ahead)`."""
+    """A setting as both spellings a user may have typed: `block_size (--block-size)`."""
     return f"{field_name} ({FLAGS[field_name]})"
 
 
@@ -54,16 +51,6 @@ class DecodeSettings:
 
     mode: Literal["spec", "ar"] = "spec"  # self-speculative or plain greedy AR: the same text
     block_size: int = 32  # draft block B: masks drafted per speculative round
-    # Masks per anchored block of one-pass draft-ahead rounds (model/draft_ahead.py): a
-    # lower latency one crop at a time, less throughput in large CPU batches; 0: classic
-    # draft + verify rounds.
-    draft_ahead: int = 0
-    # Second-choice branches verified in each draft-ahead round (more tokens per pass, a
-    # longer pass); needs draft_ahead.
-    draft_branches: int = 0
-    # With draft_ahead: one-pass rounds only while at most this many sequences decode
-    # together, classic rounds above. None: the product default (every batch size).
-    draft_ahead_max_batch: int | None = None
     # Speculative rounds only while at most this many sequences decode together, AR rounds
     # above (a CPU decodes a full batch faster in AR rounds). None: the device's default
     # (`speculative_max_batch_for`: on a CPU 2 per torch thread, elsewhere every batch size).
@@ -72,7 +59,7 @@ class DecodeSettings:
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"{_named('mode')} must be 'spec' or 'ar', got {self.mode!r}")
-        for name in ("block_size", "draft_ahead", "draft_branches", "draft_ahead_max_batch", "speculative_max_batch"):
+        for name in ("block_size", "speculative_max_batch"):
             value = getattr(self, name)
             optional = name.endswith("_max_batch")
             if not (isinstance(value, int) and not isinstance(value, bool)) and not (optional and value is None):
@@ -80,20 +67,9 @@ class DecodeSettings:
                                  f"got {value!r}")
         if self.block_size < 2:
             raise ValueError(f"{_named('block_size')} must be at least 2, got {self.block_size}")
-        if self.draft_ahead < 0 or self.draft_ahead == 1:
-            raise ValueError(f"{_named('draft_ahead')} must be 0 (classic rounds) or at least 2, got {self.draft_ahead}")
-        if self.draft_ahead > self.block_size:
-            raise ValueError(f"{_named('draft_ahead')} {self.draft_ahead} is longer than the draft block, "
-                             f"{_named('block_size')} {self.block_size}")
-        if self.draft_branches < 0:
-            raise ValueError(f"{_named('draft_branches')} must be at least 0, got {self.draft_branches}")
-        if self.draft_branches and not self.draft_ahead:
-            raise ValueError(f"{_named('draft_branches')} needs draft-ahead rounds: set {_named('draft_ahead')} too")
-        for name in ("draft_ahead_max_batch", "speculative_max_batch"):
-            value = getattr(self, name)
-            if value is not None and value < 0:
-                raise ValueError(f"{_named(name)} must be at least 0 (0: any batch size; unset: the product "
-                                 f"default), got {value}")
+        if self.speculative_max_batch is not None and self.speculative_max_batch < 0:
+            raise ValueError(f"{_named('speculative_max_batch')} must be at least 0 (0: any batch size; unset: the "
+                             f"product default), got {self.speculative_max_batch}")
 
     @classmethod
     def from_mapping(cls, mapping: Mapping | None) -> "DecodeSettings":
@@ -111,38 +87,26 @@ class DecodeSettings:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
-    @property
-    def draft_ahead_rounds(self) -> "DraftAhead | None":
-        """The draft-ahead rounds the decoders run: None in AR mode or with classic rounds."""
-        if not self.draft_ahead or self.mode != "spec":
-            return None
-        from .draft_ahead import DraftAhead
-
-        return DraftAhead(self.draft_ahead, branches=self.draft_branches)
-
     def resolved(self, device: str, threads: int) -> "DecodeSettings":
-        """These settings with every unset cap replaced by the product's default for an engine
-        on `device` with `threads` torch threads, so both caps read 0 (every batch size) or N,
+        """These settings with the unset cap replaced by the product's default for an engine
+        on `device` with `threads` torch threads, so the cap reads 0 (every batch size) or N,
         never None: what `engine_config` runs and what reports say was run."""
         speculative = self.speculative_max_batch
         if speculative is None:
             from .engine.config import speculative_max_batch_for  # the engine loads lazily
 
             speculative = speculative_max_batch_for(device, threads) or 0
-        draft_ahead_cap = 0 if self.draft_ahead_max_batch is None else self.draft_ahead_max_batch
-        return dataclasses.replace(self, draft_ahead_max_batch=draft_ahead_cap, speculative_max_batch=speculative)
+        return dataclasses.replace(self, speculative_max_batch=speculative)
 
     def engine_config(self, *, device: str, dtype: "torch.dtype", threads: int, max_batch_size: int,
                       max_seq_len: int) -> "EngineConfig":
         """The engine configuration these settings decode with. The one place user settings
-        become an `EngineConfig`, so that every command resolves the caps alike."""
+        become an `EngineConfig`, so that every command resolves the cap alike."""
         from .engine.config import EngineConfig
 
         resolved = self.resolved(device, threads)
         return EngineConfig(max_batch_size=max_batch_size, max_seq_len=max_seq_len, block_size=self.block_size,
                             mode=self.mode, device=device, dtype=dtype, num_threads=threads,
-                            draft_ahead=self.draft_ahead_rounds,
-                            draft_ahead_max_batch=resolved.draft_ahead_max_batch or None,
                             speculative_max_batch=resolved.speculative_max_batch or None)
 
     def report(self, device: str, threads: int) -> dict:
@@ -179,17 +143,6 @@ def add_decode_arguments(parser: argparse.ArgumentParser, defaults: DecodeSettin
     group.add_argument("--block-size", type=int, default=None, metavar="B",
                        help=f"draft block: masks drafted per speculative round, at least 2 "
                             f"({_default_text(defaults.block_size, defaults_from)})")
-    group.add_argument("--draft-ahead", type=int, default=None, metavar="L",
-                       help="one-pass draft-ahead rounds with blocks of L masks (2..B; faster one crop at a time, "
-                            "slower in large CPU batches); 0: classic draft + verify rounds "
-                            f"({_default_text(defaults.draft_ahead, defaults_from)})")
-    group.add_argument("--draft-branches", type=int, default=None, metavar="N",
-                       help="with --draft-ahead: also verify second-choice branches at the first N doubtful "
-                            f"drafts ({_default_text(defaults.draft_branches, defaults_from)})")
-    group.add_argument("--draft-ahead-max-batch", type=int, default=None, metavar="N",
-                       help="with --draft-ahead: one-pass rounds only while at most N sequences decode together, "
-                            "classic rounds above; 0: at any batch size; unset (null in a config): the product "
-                            f"default, any batch size ({_default_text(defaults.draft_ahead_max_batch, defaults_from)})")
     group.add_argument("--speculative-max-batch", type=int, default=None, metavar="N",
                        help="speculative rounds only while at most N sequences decode together, AR rounds above "
                             "(the same text); 0: at any batch size; unset (null in a config): the device's default "

@@ -25,7 +25,6 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from .attention import causal_attention_mask, draft_attention_mask
-from .draft_ahead import DraftAhead, RoundOutcome, accepted_prefix
 from .modeling import GravityOcrForConditionalGeneration
 from .processor import EncodedPrompt
 from .stopping import stop_reason
@@ -154,17 +153,13 @@ def greedy_decode(model, prompt: EncodedPrompt, max_new_tokens: int, eos_ids: se
 
 @torch.no_grad()
 def speculative_decode(model, prompt: EncodedPrompt, max_new_tokens: int, eos_ids: set[int],
-                       block_size: int = 32, draft_ahead: DraftAhead | None = None,
-                       draft_rules: DraftRules | None = None) -> DecodeResult:
+                       block_size: int = 32, draft_rules: DraftRules | None = None) -> DecodeResult:
     """Self-speculative decoding; output identical to `greedy_decode` of the same weights.
-    With `draft_ahead`, each round after the prefill is one pass (model/draft_ahead.py).
     With `draft_rules`, drafts are kept to the structure of the table or formula being
     written (model/draft_rules.py) before they are verified."""
     check_length(prompt, max_new_tokens, model)
     if block_size < 2:
         raise ValueError(f"block_size must be at least 2, got {block_size}")
-    if draft_ahead is not None:
-        draft_ahead.check_fits(block_size)
     cache = DynamicCache(config=model.config.text_config)
     logits, position, draft_logits = prefill_with_drafts(model, prompt, cache,
                                                          first_block(block_size, max_new_tokens))
@@ -172,10 +167,8 @@ def speculative_decode(model, prompt: EncodedPrompt, max_new_tokens: int, eos_id
                          draft_rules.shape_for(prompt.task) if draft_rules else None)
     stats = DecodeStats(forward_passes=1)
     sequence.commit([int(logits.argmax())])
-    drafts = [] if draft_ahead is not None else kept_to_structure(sequence.shape, draft_logits.argmax(-1).tolist())
-    if draft_ahead is not None:  # its rounds keep the prefill's drafts to the structure themselves
-        _draft_ahead_rounds(model, sequence, stats, cache, position, draft_logits, draft_ahead)
-    elif not sequence.finished and drafts:  # the first round: verify [y_0, drafts], no draft pass
+    drafts = kept_to_structure(sequence.shape, draft_logits.argmax(-1).tolist())
+    if not sequence.finished and drafts:  # the first round: verify [y_0, drafts], no draft pass
         verify_logits = _step(model, sequence.tokens + drafts, position,
                               causal_attention_mask(cache.get_seq_length(), 1 + len(drafts), model.device), cache)
         stats.forward_passes += 1
@@ -206,47 +199,6 @@ def speculative_decode(model, prompt: EncodedPrompt, max_new_tokens: int, eos_id
     return DecodeResult(sequence.tokens, stats, sequence.finish_reason or "length")
 
 
-def _draft_ahead_rounds(model, sequence: _Sequence, stats: DecodeStats, cache: DynamicCache, position: int,
-                        draft_logits: torch.Tensor, draft_ahead: DraftAhead) -> None:
-    """One pass per round: [x, drafts] verified causally, with second-choice branches and
-    anchored mask blocks that draft the next round (model/draft_ahead.py)."""
-    device = model.device
-    drafts, alternates, confident = (draft_logits.argmax(-1).tolist(), draft_ahead.second_choices(draft_logits).tolist(),
-                                     draft_ahead.confident(draft_logits).tolist())
-    while not sequence.finished:
-        room = max(0, sequence.max_new_tokens - len(sequence.tokens) - 1)  # drafts beyond the bonus
-        layout = draft_ahead.layout(sequence.tokens[-1], drafts[:room], alternates[:room], confident[:room],
-                                    model.mask_token_id, sequence.shape)
-        past, length = cache.get_seq_length(), len(layout.tokens)
-        mask = torch.ones(length, past + length, dtype=torch.bool, device=device)
-        mask[:, past:] = layout.attention(device=device)
-        ids = torch.tensor([layout.tokens], dtype=torch.long, device=device)
-        x_position = position + len(sequence.tokens) - 1
-        positions = (x_position + torch.tensor(layout.offsets, device=device)).view(1, 1, -1).expand(3, 1, -1)
-        logits = model.logits_from_embeds(model.embed(ids), positions, mask[None, None], cache)[0]
-        stats.forward_passes += 1
-        predicted = logits.argmax(-1).tolist()
-        outcome = layout.outcome(predicted)
-        _keep_committed(cache, past, outcome)
-        stats.accepted_per_round.append(_commit_accepted(sequence, outcome.committed, outcome.accepted))
-        drafts, alternates, confident = layout.next_drafts(outcome, draft_ahead.block, predicted,
-                                                           draft_ahead.second_choices(logits).tolist(),
-                                                           draft_ahead.confident(logits).tolist())
-
-
-def _keep_committed(cache: DynamicCache, past: int, outcome: RoundOutcome) -> None:
-    """Keep the KV of x, the accepted drafts and the accepted branch tokens (moved to
-    follow them), dropping the rest of the round's input."""
-    main = outcome.accepted - outcome.branch_accepted
-    for layer in cache.layers:
-        kept_keys, kept_values = [layer.keys[..., :past + 1 + main, :]], [layer.values[..., :past + 1 + main, :]]
-        if outcome.branch_start is not None:
-            branch = slice(past + outcome.branch_start, past + outcome.branch_start + outcome.branch_accepted)
-            kept_keys.append(layer.keys[..., branch, :])
-            kept_values.append(layer.values[..., branch, :])
-        layer.keys, layer.values = torch.cat(kept_keys, -2), torch.cat(kept_values, -2)
-
-
 def first_block(block_size: int, max_new_tokens: int) -> int:
     """Masks the prefill drafts with: as a round's block after the first token, never
     longer than what may still be committed after it; none if only one token is asked."""
@@ -272,3 +224,11 @@ def _commit_accepted(sequence: _Sequence, tokens: list[int], accepted: int) -> i
     before = len(sequence.tokens)
     sequence.commit(tokens)
     return min(accepted, len(sequence.tokens) - before)
+
+
+def accepted_prefix(drafts: list[int], predictions: list[int]) -> int:
+    """Length of the longest draft prefix equal to the AR predictions before each draft."""
+    accepted = 0
+    while accepted < len(drafts) and drafts[accepted] == predictions[accepted]:
+        accepted += 1
+    return accepted

@@ -50,7 +50,7 @@ class EvalReport:
     accepted_per_round: dict[str, float]  # mean accepted drafts per round, by type
     unreadable: list[dict]  # {"id", "error"} of items scored 0 because they could not be read
     exact: bool | None  # every spec output equal to AR output (None: not checked)
-    decode: dict  # DecodeSettings.report(): the settings measured, caps written out
+    decode: dict  # DecodeSettings.report(): the settings measured, the cap written out
     items: list[ItemOutcome]
 
     def to_json(self) -> dict:

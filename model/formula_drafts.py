@@ -2,18 +2,18 @@
 
 A character tokenizer writes `\\epsilon` as eight tokens, and the drafter, writing a
 block's tokens in parallel, knows a command comes but not its letters' exact places: on
-the held-out formulas (shipped weights, draft-ahead rounds with four branches) 187 of 555
-rounds stopped inside a command name (`\\frac{\\` then a wrong first letter, `\\appr` then
+the held-out formulas (shipped weights; rounds of a decoding variant since deleted) 187 of
+555 rounds stopped inside a command name (`\\frac{\\` then a wrong first letter, `\\appr` then
 a doubled letter, `\\sqr` then `{`). Given the letters committed after the backslash, a run
 of drafted letters that spells no command is replaced by the command whose rest is
 nearest to it (edit distance; ties to the commoner command): `\\eppsiln` drafts
 `\\epsilon`, `\\sqr{` drafts `\\sqrt{`. Letters after a committed start that no listed
 command has are left as drafted.
 
-Output is unchanged: drafts only choose what is verified. Held-out formulas: TPF 3.67 ->
-3.90 with `--draft-ahead 16`, 4.21 -> 4.35 adding `--draft-branches 4` (on half of them
-4.37 -> 4.56; 4.50 trusting the first drafted letter, 4.42 also keeping runs far from every
-command).
+Output is unchanged: drafts only choose what is verified. Held-out formulas, shipped
+weights: TPF 2.78 with the prefill's drafts kept, 2.96 with every round's. (In the deleted
+variant's rounds, trusting the first drafted letter, or also keeping runs far from every
+command, drafted worse.)
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from dataclasses import dataclass, replace
 
 from rapidfuzz.distance import Levenshtein
 
-from .structured_drafts import RepairedDrafts
 
 # Math-mode command names, commonest first (ties in the choice go to the earlier one).
 COMMANDS = tuple("""
@@ -84,25 +83,20 @@ class CommandShape:
         letter = self.names.letters.get(token)
         self.name = self.name + letter if self.name is not None and letter is not None else None
 
-    def repair(self, drafts: list[int], alternates: list[int], confident: list[bool],
-               keep_shapes: bool = False) -> RepairedDrafts:
+    def repair(self, drafts: list[int]) -> list[int]:
         """Drafts after the tokens fed so far, each run of letters in a command name made a
         known command where it spells none; at most as many drafts as given."""
         shape, names = self.copy(), self.names
-        out = RepairedDrafts([], [], [], [] if keep_shapes else None)
+        out: list[int] = []
 
-        def emit(token: int, alternate: int, flag: bool) -> None:
-            out.drafts.append(token)
-            out.alternates.append(alternate)
-            out.confident.append(flag)
+        def emit(token: int) -> None:
+            out.append(token)
             shape.feed(token)
-            if keep_shapes:
-                out.shapes.append(shape.copy())
 
         i = 0
         while i < len(drafts):
             if shape.name is None:
-                emit(drafts[i], alternates[i], confident[i])
+                emit(drafts[i])
                 i += 1
                 continue
             end = i
@@ -113,20 +107,13 @@ class CommandShape:
             if rest is None:
                 end = max(end, i + 1)  # a name kept as drafted; a token after it ends it
                 for j in range(i, end):
-                    emit(drafts[j], alternates[j], confident[j])
+                    emit(drafts[j])
             else:  # the name completed here; the draft after the run comes next
-                for j, letter in enumerate(rest):
-                    token, k = names.ids[letter], i + j
-                    if k < end:  # over the run: the drafter's letter is the second choice where replaced
-                        emit(token, drafts[k] if drafts[k] != token else alternates[k], drafts[k] == token and confident[k])
-                    elif k < len(drafts):  # past the run (tried: the drafter's token there drafts worse)
-                        emit(token, alternates[k], False)
-                    else:  # past the drafts: cut off below
-                        emit(token, token, False)
+                # (past the run too: tried, keeping the drafter's tokens there drafts worse)
+                for letter in rest:
+                    emit(names.ids[letter])
             i = end
-        count = len(drafts)
-        return RepairedDrafts(out.drafts[:count], out.alternates[:count], out.confident[:count],
-                              out.shapes[:count] if keep_shapes else None)
+        return out[:len(drafts)]
 
     def _rest_of_name(self, written: str, run: str, reaches_end: bool) -> str | None:
         """The letters to draft after `written` instead of `run`, or None to keep `run`."""

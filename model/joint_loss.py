@@ -82,12 +82,13 @@ def build_joint_batch(
     pad_final_block: bool = False,
 ) -> JointBatch:
     """`min_block_size` > 0: each sample's block size is drawn from min_block_size..block_size,
-    so blocks of every size that decoding uses (draft-ahead blocks of L < B, blocks cut by a
-    budget) occur mid-response. `pad_final_block`: the last block is filled up past eos
-    with masks that carry no target, in both streams, as a block of masks that runs past
-    the end does in decoding. Without it the only blocks shorter than B end at eos, and a
-    drafter learns to write the end of the response at the end of any short block
-    (`</tr></table><eos>` closes every draft-ahead block of the shipped model)."""
+    so blocks shorter than B, which decoding drafts where a block is cut short by the output
+    budget (or by adaptive blocks), occur mid-response. `pad_final_block`: the last block is
+    filled up past eos with masks that carry no target, in both streams, as a block of masks
+    that runs past the end of a response does in decoding. Without it the only blocks
+    shorter than B end at eos, and a drafter learns to write the end of the response at the
+    end of any short block (the shipped model was seen closing short blocks with
+    `</tr></table><eos>`)."""
     corrupted = objective != Objective.AR_ONLY
     pad_id = model.config.pad_token_id or 0
     rows, positions, masks, ar_rows, denoise_rows, layouts = [], [], [], [], [], []

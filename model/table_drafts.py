@@ -1,33 +1,28 @@
 """Drafts inside an HTML table, kept to the structure the committed tokens imply.
 
 The drafter writes a block's tokens in parallel, and inside a table it loses the
-structure more often than the content: on the held-out tables (shipped weights,
-draft-ahead rounds with four branches) 344 of 790 rounds stopped at a tag, among them
-`</tr>` -> `</table>` and `</table>` -> eos in every table, a row continued past the
-first row's column count, a tag written inside a cell, `</td>` written twice. The
-committed tokens settle most of it: what may follow each tag, and how many columns a row
-has once the first row is closed (colspans and rowspans counted). `repair_drafts` walks
-the drafts with that knowledge: a tag that cannot follow is replaced by the one that can
-(the drafter's token then becomes the second choice a branch may try), a tag inside a
-cell is dropped, a row ends at the column count, and where two tags may follow (a row or
-the table's end after `</tr>`) the other one becomes the second choice. After the
-response's own `</table>` (a table task) comes eos.
+structure more often than the content: on the held-out tables (shipped weights; rounds of
+a decoding variant since deleted) 344 of 790 rounds stopped at a tag, among them `</tr>`
+-> `</table>` and `</table>` -> eos in every table, a row continued past the first row's
+column count, a tag written inside a cell, `</td>` written twice. The committed tokens
+settle most of it: what may follow each tag, and how many columns a row has once the
+first row is closed (colspans and rowspans counted). `repair_drafts` walks the drafts
+with that knowledge: a tag that cannot follow is replaced by the one that can, a tag
+inside a cell is dropped, a row ends at the column count, and where either of two tags
+may follow (a row or the table's end after `</tr>`) the drafter's token picks one. After
+the response's own `</table>` (a table task) comes eos.
 
 Output is unchanged: drafts only choose what is verified, every committed token is still
-the AR argmax. Used wherever drafts are verified: the prefill's, draft-ahead rounds' and
-classic rounds' (reference decoder and engine; the engine repairs a classic round's drafts
-between its two passes on the CPU only, where they are host memory anyway). Held-out set,
-shipped weights, `--draft-ahead 16 --draft-branches 4`: table TPF 4.57 -> 5.23 (accepted
-drafts per round 3.86 -> 4.73), overall 5.09 -> 5.28; classic rounds, the prefill's drafts
-only: 3.250 -> 3.251, every round's: 3.340 (tables 2.97 -> 3.13). Replaced drafts counted
-confident instead of doubtful: tables 4.99 (half the set).
+the AR argmax. Used wherever drafts are verified: the prefill's and every round's
+(reference decoder and engine; the engine repairs a round's drafts between its two passes
+on the CPU only, where they are host memory anyway). Held-out set, shipped weights: TPF
+3.250 without, 3.251 with the prefill's drafts kept, 3.340 with every round's (tables
+2.97 -> 3.13).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-
-from .structured_drafts import RepairedDrafts
 
 MARKUP = {
     "table": "<table>", "table_end": "</table>", "row": "<tr>", "row_end": "</tr>", "cell": "<td>",
@@ -144,60 +139,51 @@ class TableShape:
         else:
             self.span_kind = None
 
-    def repair(self, drafts: list[int], alternates: list[int], confident: list[bool],
-               keep_shapes: bool = False) -> RepairedDrafts:
-        return repair_drafts(self, drafts, alternates, confident, keep_shapes)
+    def repair(self, drafts: list[int]) -> list[int]:
+        return repair_drafts(self, drafts)
 
-    def choose(self, draft: int) -> tuple[int | None, int | None]:
-        """(the token to draft instead of `draft`, None to drop it; the second choice the
-        structure offers, None if it offers none)."""
+    def choose(self, draft: int) -> int | None:
+        """The token to draft instead of `draft`; None to drop it."""
         t = self.tokens
         if not self.inside:
             if self.last == t.table_end and self.response_is_table:
-                return min(t.eos), None
-            return draft, None
+                return min(t.eos)
+            return draft
         if self.in_tag:
-            return draft, None
+            return draft
         if self.in_cell:
-            return (None if draft in t.never_in_cell else draft), None
+            return None if draft in t.never_in_cell else draft
         if self.last == t.table:
-            return draft if draft == t.row else t.row, None
+            return draft if draft == t.row else t.row
         if self.last == t.row:
-            return draft if draft in t.opening_cell else t.cell, None
+            return draft if draft in t.opening_cell else t.cell
         if self.last in (t.cell_end, t.header_end):
             if self.columns is not None:
                 if self.covered >= self.columns:
-                    return t.row_end, None
-                return draft if draft in t.opening_cell else t.cell, None
+                    return t.row_end
+                return draft if draft in t.opening_cell else t.cell
             ends = draft == t.row_end or draft == t.table_end or draft in t.eos
-            choice = t.row_end if ends else (draft if draft in t.opening_cell else t.cell)
-            return choice, t.cell if choice == t.row_end else t.row_end
+            return t.row_end if ends else (draft if draft in t.opening_cell else t.cell)
         if self.last == t.row_end:
             ends = draft == t.table_end or draft in t.eos
-            choice = t.table_end if ends else t.row
-            return choice, t.row if ends else t.table_end
-        return draft, None
+            return t.table_end if ends else t.row
+        return draft
 
 
-def repair_drafts(shape: TableShape, drafts: list[int], alternates: list[int], confident: list[bool],
-                  keep_shapes: bool = False) -> RepairedDrafts:
-    """Drafts (with second choices and confidence flags) after the tokens `shape` has been
-    fed, kept to the table's structure; they stop at an eos."""
+def repair_drafts(shape: TableShape, drafts: list[int]) -> list[int]:
+    """Drafts after the tokens `shape` has been fed, kept to the table's structure; they
+    stop at an eos."""
     t = shape.tokens
     if not shape.inside and shape.last != t.table_end and t.table not in drafts:  # no table in sight
-        return RepairedDrafts(list(drafts), list(alternates), list(confident), None)
+        return list(drafts)
     shape = shape.copy()
-    out = RepairedDrafts([], [], [], [])
-    for draft, alternate, flag in zip(drafts, alternates, confident):
-        choice, offered = shape.choose(draft)
+    out = []
+    for draft in drafts:
+        choice = shape.choose(draft)
         if choice is None:
             continue
-        out.drafts.append(choice)
-        out.alternates.append(offered if offered is not None else (draft if choice != draft else alternate))
-        out.confident.append(flag and choice == draft)  # a replaced draft is doubtful: branches start there
+        out.append(choice)
         shape.feed(choice)
-        if keep_shapes:
-            out.shapes.append(shape.copy())
-        if choice in shape.tokens.eos:
+        if choice in t.eos:
             break
     return out

@@ -176,7 +176,7 @@ class CropRecognizer:
             try:
                 if decode.mode == "spec":
                     decoded = speculative_decode(model, job.prompt, job.max_new_tokens, eos, decode.block_size,
-                                                 decode.draft_ahead_rounds, self.recognizer.processor.draft_rules)
+                                                 draft_rules=self.recognizer.processor.draft_rules)
                 else:
                     decoded = greedy_decode(model, job.prompt, job.max_new_tokens, eos)
             except ValueError as error:

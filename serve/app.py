@@ -322,7 +322,7 @@ class OcrService:
         metrics.engine_actor_started(device)
         self.recognizer = recognizer
         self.engine_config = engine_config
-        self.decode = self.settings.decode.resolved(str(model.device), self.settings.threads)  # caps written out
+        self.decode = self.settings.decode.resolved(str(model.device), self.settings.threads)  # the cap written out
         self.page_config = PageOcrConfig(dpi=self.settings.dpi, layout=self.settings.layout, lines=self.settings.lines)
         self.layout = make_layout(self.page_config.layout)
         self.lines = make_line_splitter(self.page_config.lines)

@@ -16,13 +16,6 @@ from gravityocr.model.engine.config import speculative_max_batch_for
     (dict(mode="fast"), "mode (--mode) must be 'spec' or 'ar'"),
     (dict(block_size=1), "block_size (--block-size) must be at least 2"),
     (dict(block_size="32"), "block_size (--block-size) must be a whole number"),
-    (dict(draft_ahead=1), "draft_ahead (--draft-ahead) must be 0 (classic rounds) or at least 2"),
-    (dict(draft_ahead=-4), "draft_ahead (--draft-ahead) must be 0 (classic rounds) or at least 2"),
-    (dict(block_size=8, draft_ahead=16), "draft_ahead (--draft-ahead) 16 is longer than the draft block, "
-                                         "block_size (--block-size) 8"),
-    (dict(draft_branches=2), "draft_branches (--draft-branches) needs draft-ahead rounds"),
-    (dict(draft_ahead=8, draft_branches=-1), "draft_branches (--draft-branches) must be at least 0"),
-    (dict(draft_ahead=8, draft_ahead_max_batch=-1), "draft_ahead_max_batch (--draft-ahead-max-batch) must be at least 0"),
     (dict(speculative_max_batch=-1), "speculative_max_batch (--speculative-max-batch) must be at least 0"),
     (dict(speculative_max_batch=2.5), "speculative_max_batch (--speculative-max-batch) must be a whole number or null"),
 ])
@@ -37,50 +30,39 @@ def test_settings_are_frozen_once_checked():
         DecodeSettings().block_size = 1  # type: ignore[misc]
 
 
-def test_draft_ahead_rounds_only_in_spec_mode():
-    rounds = DecodeSettings(draft_ahead=8, draft_branches=3).draft_ahead_rounds
-    assert (rounds.block, rounds.branches) == (8, 3)
-    assert DecodeSettings(mode="ar", draft_ahead=8).draft_ahead_rounds is None  # AR mode ignores them
-    assert DecodeSettings().draft_ahead_rounds is None
-
-
 @pytest.mark.parametrize("device, threads", [("cpu", 1), ("cpu", 2), ("cuda", 2)])
-def test_unset_caps_resolve_to_the_product_default_of_the_device(device, threads):
+def test_an_unset_cap_resolves_to_the_product_default_of_the_device(device, threads):
     resolved = DecodeSettings().resolved(device, threads)
     assert resolved.speculative_max_batch == (speculative_max_batch_for(device, threads) or 0)
-    assert resolved.draft_ahead_max_batch == 0  # draft-ahead rounds at any batch size
     assert resolved.speculative_max_batch == {("cpu", 1): 2, ("cpu", 2): 4, ("cuda", 2): 0}[device, threads]
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_none_zero_and_n_reach_the_engine_as_one_meaning(device):
-    def engine_caps(**values):
+    def engine_cap(**values):
         config = DecodeSettings(**values).engine_config(device=device, dtype=torch.float32, threads=2,
                                                         max_batch_size=16, max_seq_len=64)
-        return config.speculative_max_batch, config.draft_ahead_max_batch  # the engine's None: no cap
+        return config.speculative_max_batch  # the engine's None: no cap
 
-    default_cap = speculative_max_batch_for(device, 2)
-    assert engine_caps() == (default_cap, None)  # None: the product's default on the device
-    assert engine_caps(speculative_max_batch=0, draft_ahead=8, draft_ahead_max_batch=0) == (None, None)  # 0: any
-    assert engine_caps(speculative_max_batch=6, draft_ahead=8, draft_ahead_max_batch=3) == (6, 3)  # N: at most N
+    assert engine_cap() == speculative_max_batch_for(device, 2)  # None: the product's default on the device
+    assert engine_cap(speculative_max_batch=0) is None  # 0: any
+    assert engine_cap(speculative_max_batch=6) == 6  # N: at most N
 
 
 def test_engine_config_carries_every_setting():
-    config = DecodeSettings(mode="spec", block_size=16, draft_ahead=8, draft_branches=2).engine_config(
+    config = DecodeSettings(mode="spec", block_size=16, speculative_max_batch=3).engine_config(
         device="cpu", dtype=torch.float64, threads=3, max_batch_size=5, max_seq_len=300)
     assert (config.mode, config.block_size, config.device, config.dtype, config.num_threads) == (
         "spec", 16, "cpu", torch.float64, 3)
-    assert (config.max_batch_size, config.max_seq_len) == (5, 300)
-    assert (config.draft_ahead.block, config.draft_ahead.branches) == (8, 2)
-    ar = DecodeSettings(mode="ar", draft_ahead=8).engine_config(device="cpu", dtype=torch.float32, threads=1,
-                                                                 max_batch_size=1, max_seq_len=64)
-    assert ar.mode == "ar" and ar.draft_ahead is None
+    assert (config.max_batch_size, config.max_seq_len, config.speculative_max_batch) == (5, 300, 3)
+    ar = DecodeSettings(mode="ar").engine_config(device="cpu", dtype=torch.float32, threads=1,
+                                                 max_batch_size=1, max_seq_len=64)
+    assert ar.mode == "ar"
 
 
 def test_report_says_whether_it_is_what_the_product_runs():
     report = DecodeSettings().report("cpu", 2)
-    assert report == {"mode": "spec", "block_size": 32, "draft_ahead": 0, "draft_branches": 0,
-                      "draft_ahead_max_batch": 0, "speculative_max_batch": 4, "device": "cpu", "threads": 2,
+    assert report == {"mode": "spec", "block_size": 32, "speculative_max_batch": 4, "device": "cpu", "threads": 2,
                       "product_default": True}
     assert DecodeSettings(speculative_max_batch=4).report("cpu", 2)["product_default"] is True  # resolves alike
     assert DecodeSettings(speculative_max_batch=0).report("cpu", 2)["product_default"] is False
@@ -89,11 +71,21 @@ def test_report_says_whether_it_is_what_the_product_runs():
 
 def test_from_mapping_refuses_unknown_keys():
     assert DecodeSettings.from_mapping(None) == DecodeSettings()
-    assert DecodeSettings.from_mapping({"draft_ahead": 16, "speculative_max_batch": None}) == DecodeSettings(draft_ahead=16)
-    with pytest.raises(ValueError, match="unknown decode settings \\['draft_ahaed'\\]"):
-        DecodeSettings.from_mapping({"draft_ahaed": 16})
+    assert DecodeSettings.from_mapping({"block_size": 16, "speculative_max_batch": None}) == DecodeSettings(block_size=16)
+    with pytest.raises(ValueError, match="unknown decode settings \\['blok_size'\\]"):
+        DecodeSettings.from_mapping({"blok_size": 16})
     with pytest.raises(ValueError, match="must be a mapping"):
         DecodeSettings.from_mapping(["spec"])
+
+
+@pytest.mark.parametrize("key", ["draft_ahead", "draft_branches", "draft_ahead_max_batch"])
+def test_a_config_that_sets_a_removed_setting_is_refused_naming_it(key):
+    """The one-pass rounds and their settings are gone: an old config that still sets one
+    is refused, naming the key and the settings there are, never silently decoded otherwise."""
+    with pytest.raises(ValueError) as raised:
+        DecodeSettings.from_mapping({"mode": "spec", key: 0})
+    assert str(raised.value) == (f"unknown decode settings [{key!r}]; "
+                                 "known: ['mode', 'block_size', 'speculative_max_batch']")
 
 
 def _parser(defaults=None, **options) -> argparse.ArgumentParser:
@@ -103,10 +95,8 @@ def _parser(defaults=None, **options) -> argparse.ArgumentParser:
 
 
 def test_flags_round_trip_to_settings():
-    settings = DecodeSettings(mode="ar", block_size=16, draft_ahead=8, draft_branches=3, draft_ahead_max_batch=2,
-                              speculative_max_batch=0)
-    argv = ["--mode", "ar", "--block-size", "16", "--draft-ahead", "8", "--draft-branches", "3",
-            "--draft-ahead-max-batch", "2", "--speculative-max-batch", "0"]
+    settings = DecodeSettings(mode="ar", block_size=16, speculative_max_batch=0)
+    argv = ["--mode", "ar", "--block-size", "16", "--speculative-max-batch", "0"]
     assert decode_settings_from_args(_parser(with_mode=True).parse_args(argv)) == settings
     # no flags: the defaults given, else the product's (both caps unset)
     assert decode_settings_from_args(_parser().parse_args([])) == DecodeSettings()
@@ -116,12 +106,11 @@ def test_flags_round_trip_to_settings():
 
 
 def test_flags_override_a_base_and_are_checked():
-    base = DecodeSettings(draft_ahead=16, speculative_max_batch=2)
-    args = _parser(with_mode=True, defaults_from="the config's").parse_args(["--draft-branches", "4"])
-    assert decode_settings_from_args(args, base) == DecodeSettings(draft_ahead=16, draft_branches=4,
-                                                                   speculative_max_batch=2)
-    with pytest.raises(ValueError, match=r"draft_branches \(--draft-branches\) needs draft-ahead"):
-        decode_settings_from_args(_parser().parse_args(["--draft-branches", "4"]))
+    base = DecodeSettings(block_size=16, speculative_max_batch=2)
+    args = _parser(with_mode=True, defaults_from="the config's").parse_args(["--speculative-max-batch", "0"])
+    assert decode_settings_from_args(args, base) == DecodeSettings(block_size=16, speculative_max_batch=0)
+    with pytest.raises(ValueError, match=r"block_size \(--block-size\) must be at least 2"):
+        decode_settings_from_args(_parser().parse_args(["--block-size", "1"]))
     assert "--mode" not in _parser().format_help()  # only commands that decode in one chosen mode
 
 

@@ -44,12 +44,12 @@ def test_serve_settings_carry_device_and_dtype():
 
 
 def test_serve_settings_hold_the_decode_settings_of_their_config():
-    with pytest.raises(ValueError, match=r"draft_branches \(--draft-branches\) needs draft-ahead"):
-        ServeSettings.from_args({"decode": {"draft_branches": 2}})
-    assert ServeSettings.from_args({"decode": {"draft_ahead": 16, "draft_branches": 4}}).decode == DecodeSettings(
-        draft_ahead=16, draft_branches=4)
-    with pytest.raises(ValueError, match=r"draft_ahead_max_batch \(--draft-ahead-max-batch\) must be at least 0"):
-        ServeSettings.from_args({"decode": {"draft_ahead": 16, "draft_ahead_max_batch": -1}})
+    with pytest.raises(ValueError, match=r"block_size \(--block-size\) must be at least 2"):
+        ServeSettings.from_args({"decode": {"block_size": 1}})
+    assert ServeSettings.from_args({"decode": {"block_size": 16, "speculative_max_batch": 0}}).decode == DecodeSettings(
+        block_size=16, speculative_max_batch=0)
+    with pytest.raises(ValueError, match=r"speculative_max_batch \(--speculative-max-batch\) must be at least 0"):
+        ServeSettings.from_args({"decode": {"speculative_max_batch": -1}})
     with pytest.raises(ValueError, match="unknown decode settings"):
         ServeSettings.from_args({"decode": {"speculative_cap": 2}})
     # a decoding setting outside `decode:` is refused with where it belongs
@@ -74,7 +74,7 @@ def test_engine_honours_its_dtype(trained_tiny_model, overfit_samples, tokenizer
 
 @pytest.mark.parametrize("flags, words", [
     (["--speculative-max-batch", "-1"], "speculative_max_batch (--speculative-max-batch) must be at least 0"),
-    (["--draft-branches", "2"], "draft_branches (--draft-branches) needs draft-ahead")])
+    (["--block-size", "1"], "block_size (--block-size) must be at least 2")])
 def test_serve_command_refuses_bad_overrides_before_starting_ray(flags, words):
     done = subprocess.run([sys.executable, "-m", "gravityocr.cli", "serve", *flags], capture_output=True, text=True,
                           timeout=120)

@@ -17,7 +17,6 @@ from transformers.cache_utils import DynamicCache
 
 from gravityocr.model.attention import causal_attention_mask
 from gravityocr.model.decoding import greedy_decode, prefill, speculative_decode
-from gravityocr.model.draft_ahead import DraftAhead
 from gravityocr.model.engine import CacheTooLarge, Engine, EngineConfig, Request, RequestTooLong
 
 from conftest import random_image
@@ -69,17 +68,6 @@ def engine_for(model, eos, tokenizer=None, **settings) -> Engine:
     return Engine(model, config, eos, tokenizer)
 
 
-# Engine modes the tests run: (mode, draft_ahead) by name; "ahead" drafts in the verify pass,
-# "branches" also verifies second-choice branches there.
-MODES = {"spec": ("spec", None), "ar": ("ar", None), "ahead": ("spec", DraftAhead(4, 0.5)),
-         "branches": ("spec", DraftAhead(4, 0.5, branches=3))}
-
-
-def engine_in(mode: str, model, eos, **settings) -> Engine:
-    engine_mode, draft_ahead = MODES[mode]
-    return engine_for(model, eos, mode=engine_mode, draft_ahead=draft_ahead, **settings)
-
-
 @pytest.mark.parametrize("batch_size,block_size", [(1, 8), (2, 32), (7, 8), (64, 32)])
 def test_speculative_batches_equal_greedy(model, tokenizer, eos, prompt_pool, greedy_outputs, batch_size, block_size):
     engine = engine_for(model, eos, tokenizer, max_batch_size=batch_size, block_size=block_size)
@@ -101,20 +89,15 @@ def test_speculative_batches_equal_greedy(model, tokenizer, eos, prompt_pool, gr
         assert any(r.finish_reason == "length" for r in results)
 
 
-@pytest.mark.parametrize("block_size,draft_ahead", [(8, None), (32, None), (8, DraftAhead(4, 0.5)),
-                                                    (32, DraftAhead(16, 0.5)), (32, DraftAhead(5, 0.9)),
-                                                    (8, DraftAhead(4, 0.5, branches=2)),
-                                                    (32, DraftAhead(16, 0.7, branches=4))])
-def test_speculative_rounds_match_the_reference_round_for_round(model, eos, prompt_pool, block_size, draft_ahead):
+@pytest.mark.parametrize("block_size", [8, 32])
+def test_speculative_rounds_match_the_reference_round_for_round(model, eos, prompt_pool, block_size):
     """Same drafts, same acceptance, same pass count as `speculative_decode`: the batched
     draft pass gives every row exactly its own block's attention, also when a row's block
-    is cut short by its budget while the others' are not; drafting ahead, rows of
-    different draft counts and anchors padded to one pass."""
-    engine = engine_for(model, eos, max_batch_size=13, block_size=block_size, draft_ahead=draft_ahead)
+    is cut short by its budget while the others' are not."""
+    engine = engine_for(model, eos, max_batch_size=13, block_size=block_size)
     requests = make_requests(13, prompt_pool)
     for (request, _), result in zip(requests, engine.generate([r for r, _ in requests])):
-        reference = speculative_decode(model, request.prompt, request.max_new_tokens, eos, block_size=block_size,
-                                       draft_ahead=draft_ahead)
+        reference = speculative_decode(model, request.prompt, request.max_new_tokens, eos, block_size=block_size)
         assert result.token_ids == reference.token_ids
         assert result.stats.accepted_per_round == reference.stats.accepted_per_round
         assert result.stats.forward_passes == reference.stats.forward_passes
@@ -129,54 +112,22 @@ def test_ar_mode_equals_greedy(model, eos, prompt_pool, greedy_outputs, batch_si
         assert result.stats.forward_passes == len(result.token_ids)
 
 
-@pytest.mark.parametrize("draft_ahead", [DraftAhead(8, 0.5), DraftAhead(8, 0.5, branches=3)],
-                         ids=["blocks", "branches"])
-def test_draft_ahead_rounds_fit_a_slot_filled_to_the_last_token(model, eos, prompt_pool, greedy_outputs, draft_ahead):
-    """max_seq_len exactly the longest prompt + budget, blocks as long as the draft block:
-    the last rounds' drafts, masks and other rows' padding still fit the slots."""
+def test_rounds_fit_a_slot_filled_to_the_last_token(model, eos, prompt_pool, greedy_outputs):
+    """max_seq_len exactly the longest prompt + budget: the last rounds' draft masks and
+    other rows' padding still fit the slots."""
     requests = make_requests(13, prompt_pool)
     longest = max(r.prompt.length + r.max_new_tokens for r, _ in requests)
-    engine = engine_for(model, eos, max_batch_size=13, block_size=8, draft_ahead=draft_ahead,
-                        max_seq_len=longest)
+    engine = engine_for(model, eos, max_batch_size=13, block_size=8, max_seq_len=longest)
     for (request, index), result in zip(requests, engine.generate([r for r, _ in requests])):
         assert result.token_ids == expected(greedy_outputs, index, request.max_new_tokens)
 
 
-@pytest.mark.parametrize("draft_ahead", [DraftAhead(4, 0.5), DraftAhead(4, 0.5, branches=2)], ids=["blocks", "branches"])
-def test_rounds_switch_kind_with_the_batch_size_and_stay_exact(model, eos, prompt_pool, greedy_outputs, draft_ahead):
-    """With draft_ahead_max_batch, a few running sequences decode in draft-ahead rounds and
-    a full batch in classic rounds: sequences cross from one kind to the other both ways
-    (a classic round verifies the drafts a draft-ahead round left first; a draft-ahead round
-    after classic ones starts without drafts), and every output is still greedy's."""
-    engine = engine_for(model, eos, max_batch_size=8, block_size=8, draft_ahead=draft_ahead, draft_ahead_max_batch=3)
-    first, later = make_requests(3, prompt_pool), make_requests(9, prompt_pool, first=3)
-    for request, _ in first:
-        engine.add_request(request)
-    results, kinds = {}, []
-    while engine.has_work():
-        before = engine.stats().draft_ahead_rounds
-        results.update((r.request_id, r) for r in engine.step())
-        kinds.append("ahead" if engine.stats().draft_ahead_rounds > before else "classic")
-        if len(kinds) == 2:
-            for request, _ in later:
-                engine.add_request(request)
-    for request, index in first + later:
-        assert results[request.request_id].token_ids == expected(greedy_outputs, index, request.max_new_tokens)
-    assert kinds[:2] == ["ahead", "ahead"] and kinds[2] == "classic" and kinds[-1] == "ahead"
-    stats = engine.stats()
-    assert 0 < stats.draft_ahead_rounds < stats.rounds == len(kinds)
-    with pytest.raises(ValueError, match="draft_ahead_max_batch must be at least 1"):
-        EngineConfig(draft_ahead=draft_ahead, draft_ahead_max_batch=0)
-
-
-@pytest.mark.parametrize("draft_ahead", [None, DraftAhead(4, 0.5, branches=2)], ids=["classic", "branches"])
-def test_a_full_batch_decodes_in_ar_rounds_and_stays_exact(model, eos, prompt_pool, greedy_outputs, draft_ahead):
+def test_a_full_batch_decodes_in_ar_rounds_and_stays_exact(model, eos, prompt_pool, greedy_outputs):
     """With speculative_max_batch, a few running sequences decode in speculative rounds and
     a full batch in AR rounds: sequences cross both ways (an AR round drops the drafts a
-    prefill or draft-ahead round left; a speculative round after AR ones drafts afresh),
-    newcomers admitted into a full batch are prefilled without drafts, and every output is
-    still greedy's."""
-    engine = engine_for(model, eos, max_batch_size=8, block_size=8, draft_ahead=draft_ahead, speculative_max_batch=3)
+    prefill left; a speculative round after AR ones drafts afresh), newcomers admitted into
+    a full batch are prefilled without drafts, and every output is still greedy's."""
+    engine = engine_for(model, eos, max_batch_size=8, block_size=8, speculative_max_batch=3)
     first, later = make_requests(3, prompt_pool), make_requests(9, prompt_pool, first=3)
     for request, _ in first:
         engine.add_request(request)
@@ -186,8 +137,6 @@ def test_a_full_batch_decodes_in_ar_rounds_and_stays_exact(model, eos, prompt_po
         results.update((r.request_id, r) for r in engine.step())
         after = engine.stats()
         kinds.append("ar" if after.ar_rounds > before.ar_rounds else "spec")
-        if draft_ahead is not None and kinds[-1] == "spec":
-            assert after.draft_ahead_rounds == before.draft_ahead_rounds + 1
         if len(kinds) == 2:
             for request, _ in later:
                 engine.add_request(request)
@@ -206,7 +155,7 @@ def test_a_full_batch_decodes_in_ar_rounds_and_stays_exact(model, eos, prompt_po
     assert 0 < stats.ar_rounds < stats.rounds == len(kinds)
     by_kind = stats.rounds_by_kind()
     assert sum(by_kind.values()) == stats.rounds and by_kind["ar"] == kinds.count("ar")
-    assert by_kind["speculative" if draft_ahead is None else "draft_ahead"] == kinds.count("spec")
+    assert by_kind == {"speculative": kinds.count("spec"), "ar": kinds.count("ar")}
     with pytest.raises(ValueError, match="speculative_max_batch must be at least 1"):
         EngineConfig(speculative_max_batch=0)
 
@@ -252,14 +201,14 @@ def reference_kv(model, prompt, tokens: list[int]) -> DynamicCache:
     return cache
 
 
-@pytest.mark.parametrize("mode", ["spec", "ar", "ahead", "branches"])
+@pytest.mark.parametrize("mode", ["spec", "ar"])
 def test_requests_join_between_steps_and_the_cache_holds_only_committed_tokens(
         model, eos, prompt_pool, greedy_outputs, mode):
     """Requests arrive while others run and leave in any order; after every step each
     running sequence's slot holds exactly the KV of prompt + committed - 1 tokens (no
     rejected draft or mask token counted, nothing lost when a sequence is moved to a
     freed slot), equal to what single-sequence decoding of those tokens holds."""
-    engine = engine_in(mode, model, eos, max_batch_size=4, block_size=8)
+    engine = engine_for(model, eos, mode=mode, max_batch_size=4, block_size=8)
     arrivals = make_requests(12, prompt_pool, first=1)
     index_of = {r.request_id: index for r, index in arrivals}
     request_of = {r.request_id: r for r, _ in arrivals}
@@ -290,8 +239,7 @@ def test_requests_join_between_steps_and_the_cache_holds_only_committed_tokens(
         assert result.token_ids == expected(greedy_outputs, index_of[request_id], request.max_new_tokens)
         assert result.timings.queue_seconds >= 0 and result.timings.decode_seconds >= 0
         if mode != "ar":  # newcomers verified their prefill's drafts in rounds where others drafted
-            reference = speculative_decode(model, request.prompt, request.max_new_tokens, eos, block_size=8,
-                                           draft_ahead=MODES[mode][1])
+            reference = speculative_decode(model, request.prompt, request.max_new_tokens, eos, block_size=8)
             assert result.stats.accepted_per_round == reference.stats.accepted_per_round
             assert result.stats.forward_passes == reference.stats.forward_passes
 
@@ -322,12 +270,12 @@ def test_generate_refuses_a_busy_engine_and_duplicate_ids(model, eos, prompt_poo
         engine.generate([Request("b", prompt_pool[1], 4)])
 
 
-@pytest.mark.parametrize("mode", ["spec", "ar", "ahead", "branches"])
+@pytest.mark.parametrize("mode", ["spec", "ar"])
 def test_aborted_requests_leave_and_the_others_stay_exact(model, eos, prompt_pool, greedy_outputs, mode):
     """Aborting a running sequence from a middle slot (the last slot's sequence and its KV
     move into it) and a waiting one: they never come back, every other request is still
     exactly greedy, and the slot cache still holds only committed tokens' KV."""
-    engine = engine_in(mode, model, eos, max_batch_size=3, block_size=8)
+    engine = engine_for(model, eos, mode=mode, max_batch_size=3, block_size=8)
     requests = [(Request(f"a{i}", prompt_pool[i], 40), i) for i in range(6)]  # none ends in one round
     for request, _ in requests:
         engine.add_request(request)
@@ -428,23 +376,20 @@ def test_bench_decode_prints_rows_and_peers(model, processor, tmp_path, capsys):
 
     save_recognizer(Recognizer(model, processor), tmp_path / "model")
     argv = ["--model", str(tmp_path / "model"), "--dtype", "float64", "--batch-sizes", "1,3", "--limit", "3",
-            "--max-new-tokens", "12", "--repeats", "1", "--threads", "1", "--draft-ahead", "8", "--draft-branches", "2",
-            "--draft-ahead-max-batch", "2", "--json"]
+            "--max-new-tokens", "12", "--repeats", "1", "--threads", "1", "--speculative-max-batch", "2", "--json"]
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["settings"]["draft_ahead_max_batch"] == 2 and report["settings"]["structured_drafts"] is True
+    assert report["settings"]["speculative_max_batch"] == 2 and report["settings"]["structured_drafts"] is True
     assert {(row["batch_size"], row["type"]) for row in report["rows"]} == {
         (b, t) for b in (1, 3) for t in ("all", "text", "table", "formula")}
     for row in report["rows"]:
-        assert row["exact"] is True  # classic and draft-ahead (classic rounds at batch 3), with and without branches
+        assert row["exact"] is True  # speculative at every batch size, and capped (AR rounds at batch 3)
         assert row["tpf"] >= 1.0 and row["ar_tok_s"] > 0 and row["spec_tok_s"] > 0
-        assert row["ahead_tpf"] >= 1.0 and row["ahead_tok_s"] > 0
-        assert row["branches_tpf"] >= 1.0 and row["branches_tok_s"] > 0
+        assert row["capped_tpf"] >= 1.0 and row["capped_tok_s"] > 0
     assert report["peers"]["hf_generate_greedy"]["same_as_engine_ar"] is True
 
 
-@pytest.mark.parametrize("mode", ["spec", "branches"])
-def test_drafts_accepted_past_an_eos_are_not_counted(trained_tiny_model, overfit_samples, mode):
+def test_drafts_accepted_past_an_eos_are_not_counted(trained_tiny_model, overfit_samples):
     """eos a token in the middle of a memorised target: the round that reaches it also has
     right drafts after it, which the AR model agrees with; the engine counts only the
     accepted drafts it commits, as the reference decoder does."""
@@ -452,9 +397,8 @@ def test_drafts_accepted_past_an_eos_are_not_counted(trained_tiny_model, overfit
     for sample in overfit_samples:
         target = sample.target_ids
         eos_token = next(t for t in target[12:] if target.index(t) >= 12)  # first written past the 12th token
-        engine = engine_in(mode, model, [eos_token], max_batch_size=2, block_size=16)
+        engine = engine_for(model, [eos_token], max_batch_size=2, block_size=16)
         [result] = engine.generate([Request("a", sample.prompt, 120)])
-        reference = speculative_decode(model, sample.prompt, 120, {eos_token}, block_size=16,
-                                       draft_ahead=MODES[mode][1])
+        reference = speculative_decode(model, sample.prompt, 120, {eos_token}, block_size=16)
         assert result.token_ids == reference.token_ids == target[:target.index(eos_token) + 1]
         assert result.stats.accepted_per_round == reference.stats.accepted_per_round

@@ -49,42 +49,25 @@ def test_eval_json_on_a_trained_tiny_model(tmp_path, trained_tiny_model, process
     assert all(0 <= report[k] <= 1 for k in ("overall", "text", "table", "formula"))
     # the JSON says what was measured
     threads = torch.get_num_threads()
-    assert report["decode"] == {"mode": "spec", "block_size": 16, "draft_ahead": 0, "draft_branches": 0,
-                                "draft_ahead_max_batch": 0, "speculative_max_batch": 0,
+    assert report["decode"] == {"mode": "spec", "block_size": 16, "speculative_max_batch": 0,
                                 "device": "cpu", "threads": threads, "product_default": False}
 
     # By default the product's decoding as it ships, its CPU cap written out: the same reading.
     assert main(["eval", str(data), "--model", str(model_dir), "--json"]) == 0
     shipped = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert shipped["decode"] == {"mode": "spec", "block_size": 32, "draft_ahead": 0, "draft_branches": 0,
-                                 "draft_ahead_max_batch": 0,
+    assert shipped["decode"] == {"mode": "spec", "block_size": 32,
                                  "speculative_max_batch": speculative_max_batch_for("cpu", threads),
                                  "device": "cpu", "threads": threads, "product_default": True}
     assert {k: shipped[k] for k in ("text", "table", "formula")} == {k: report[k] for k in ("text", "table", "formula")}
 
-    # Draft-ahead rounds: the same reading (checked against AR again), in fewer passes here.
-    assert main(["eval", str(data), "--model", str(model_dir), "--json", "--check-exact", "--block-size", "16",
-                 "--speculative-max-batch", "0", "--draft-ahead", "8"]) == 0
-    ahead = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert ahead["exact"] is True
-    assert {k: ahead[k] for k in ("text", "table", "formula")} == {k: report[k] for k in ("text", "table", "formula")}
-    assert ahead["tpf"] > report["tpf"]
-
-    # With second-choice branches: the same reading again.
-    assert main(["eval", str(data), "--model", str(model_dir), "--json", "--check-exact", "--block-size", "16",
-                 "--draft-ahead", "8", "--draft-branches", "3"]) == 0
-    branched = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert branched["exact"] is True
-    assert {k: branched[k] for k in ("text", "table", "formula")} == {k: report[k] for k in ("text", "table", "formula")}
     # Leaving table structure and LaTeX names to the drafter: the same reading.
     assert main(["eval", str(data), "--model", str(model_dir), "--json", "--check-exact", "--block-size", "16",
-                 "--draft-ahead", "8", "--draft-branches", "3", "--no-structured-drafts"]) == 0
+                 "--speculative-max-batch", "0", "--no-structured-drafts"]) == 0
     free = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert free["exact"] is True
     assert {k: free[k] for k in ("text", "table", "formula")} == {k: report[k] for k in ("text", "table", "formula")}
-    assert branched["decode"]["draft_ahead"] == 8 and branched["decode"]["draft_branches"] == 3
-    with pytest.raises(SystemExit, match=r"draft_branches \(--draft-branches\) needs draft-ahead rounds"):
-        main(["eval", str(data), "--model", str(model_dir), "--draft-branches", "3"])
+    with pytest.raises(SystemExit, match=r"block_size \(--block-size\) must be at least 2"):
+        main(["eval", str(data), "--model", str(model_dir), "--block-size", "1"])
 
 
 def test_pages_are_read_by_the_page_pipeline_and_scored_as_page_text(tmp_path, trained_tiny_model, processor):

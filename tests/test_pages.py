@@ -287,10 +287,9 @@ def test_a_crop_the_processor_refuses_is_a_region_error_not_a_page_failure():
 def test_recognizer_settings_are_checked():
     with pytest.raises(ValueError, match="decoder must be"):
         RecognizerConfig(decoder="fast")
-    decode = DecodeSettings(draft_ahead=8, draft_branches=3, draft_ahead_max_batch=2)
+    decode = DecodeSettings(block_size=16, speculative_max_batch=2)
     capped = RecognizerConfig(decode).capped(100)
     assert capped.decode is decode and set(capped.max_new_tokens.values()) == {100}
-    assert (capped.decode.draft_ahead_rounds.block, capped.decode.draft_ahead_rounds.branches) == (8, 3)
 
 
 def test_engine_and_reference_decoders_agree():
@@ -300,8 +299,7 @@ def test_engine_and_reference_decoders_agree():
              (page.crop((530, 630, 710, 720)), "formula")]
     # speculative_max_batch 0: the engine speculates however many crops decode together, as
     # the reference decoder (one crop at a time) does, so their passes agree too
-    for settings in (dict(mode="spec"), dict(mode="ar"), dict(mode="spec", draft_ahead=8),
-                     dict(mode="spec", draft_ahead=8, draft_branches=3)):
+    for settings in (dict(mode="spec"), dict(mode="ar")):
         engine = _recognizer(decoder="engine", speculative_max_batch=0, **settings).recognize(crops)
         reference = _recognizer(decoder="reference", **settings).recognize(crops)
         assert [r.text for r in engine] == [r.text for r in reference]
@@ -311,14 +309,6 @@ def test_engine_and_reference_decoders_agree():
     capped = _recognizer(decoder="engine", speculative_max_batch=1).recognize(crops)
     assert [r.text for r in capped] == [r.text for r in speculating]
     assert sum(r.stats.forward_passes for r in capped) > sum(r.stats.forward_passes for r in speculating)
-    # One-pass rounds only while one crop is left: classic rounds (two passes each) while the
-    # three decode together, and the same text. 64 tokens: rounds enough to tell them apart.
-    def read(**settings):
-        config = RecognizerConfig(DecodeSettings(draft_ahead=8, speculative_max_batch=0, **settings), decoder="engine")
-        return CropRecognizer(tiny_recognizer(), config.capped(64)).recognize(crops)
-    ahead, switched = read(), read(draft_ahead_max_batch=1)
-    assert [r.text for r in switched] == [r.text for r in ahead]
-    assert sum(r.stats.forward_passes for r in switched) > sum(r.stats.forward_passes for r in ahead)
 
 
 # --- the CLI ----------------------------------------------------------------------------------
@@ -378,13 +368,10 @@ def test_cli_without_a_model_says_so(tmp_path, capsys, monkeypatch):
 def test_cli_refuses_bad_decoding_settings_clearly(tmp_path, tiny_model_dir, capsys):
     page = tmp_path / "page.png"
     page.write_bytes(png_bytes(Image.new("RGB", (10, 10), "white")))
-    code, _, stderr = _cli([str(page), "--model", str(tiny_model_dir), "--draft-branches", "4"], capsys)
-    assert code == 2 and "cannot start: draft_branches (--draft-branches) needs draft-ahead rounds" in stderr
-    code, _, stderr = _cli([str(page), "--model", str(tiny_model_dir), "--draft-ahead", "64"], capsys)
-    assert code == 2 and "longer than the draft block" in stderr
-    code, _, stderr = _cli([str(page), "--model", str(tiny_model_dir), "--draft-ahead", "8",
-                            "--draft-ahead-max-batch", "-1"], capsys)
-    assert code == 2 and "draft_ahead_max_batch (--draft-ahead-max-batch) must be at least 0" in stderr
+    code, _, stderr = _cli([str(page), "--model", str(tiny_model_dir), "--block-size", "1"], capsys)
+    assert code == 2 and "cannot start: block_size (--block-size) must be at least 2" in stderr
+    code, _, stderr = _cli([str(page), "--model", str(tiny_model_dir), "--speculative-max-batch", "-1"], capsys)
+    assert code == 2 and "cannot start: speculative_max_batch (--speculative-max-batch) must be at least 0" in stderr
 
 
 def test_cli_json_writes_an_error_record_for_a_bad_file_among_good_ones(tmp_path, tiny_model_dir, capsys):

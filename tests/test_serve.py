@@ -51,10 +51,9 @@ def served(ray_cluster, s3_endpoint, trained_tiny_model, processor, tmp_path_fac
     options = {"ray_actor_options": {"num_cpus": 0.25, "runtime_env": {"env_vars": CREDENTIALS}}}
     common = dict(model=str(model_dir), max_new_tokens=120, s3_endpoint_url=s3_endpoint.url)
     serve.run(build_app(ServeSettings(**common, allowed_buckets=["inbox"]), options), name="open", route_prefix="/")
-    # The secured app also decodes in draft-ahead rounds (one pass per round), with branches,
-    # while one crop decodes alone (classic rounds when more do).
+    # The secured app decodes with settings of its own: blocks of 16, speculating at every batch size.
     serve.run(build_app(ServeSettings(**common, api_token_file=str(token_file),
-                                      decode=DecodeSettings(draft_ahead=8, draft_branches=2, draft_ahead_max_batch=1)),
+                                      decode=DecodeSettings(block_size=16, speculative_max_batch=0)),
                         options),
               name="secured", route_prefix="/secured")
     serve.run(build_app(ServeSettings(**common, max_concurrent_requests=1, max_upload_bytes=SMALL_UPLOAD, max_pages=1,

@@ -13,7 +13,6 @@ from PIL import Image, ImageDraw, ImageFont
 
 from gravityocr.model.configs import build_config
 from gravityocr.model.decoding import greedy_decode, speculative_decode
-from gravityocr.model.draft_ahead import DraftAhead
 from gravityocr.model.engine import Engine, EngineConfig, Request
 from gravityocr.model.loading import Recognizer, load_recognizer, save_recognizer
 from gravityocr.model.modeling import STRIP_TOWER, GravityOcrForConditionalGeneration, vision_tower_of
@@ -186,7 +185,6 @@ def test_every_decoding_path_is_exact_with_the_strip_tower(strip_recognizer):
         greedy = [greedy_decode(model, prompt, 24, eos).token_ids for prompt in prompts]
         for prompt, expected in zip(prompts, greedy):
             assert speculative_decode(model, prompt, 24, eos, 8).token_ids == expected
-            assert speculative_decode(model, prompt, 24, eos, 8, DraftAhead(4, 0.5)).token_ids == expected
     longest = max(p.length for p in prompts) + 24
     # batch 4: speculating at every batch size, and past a cap of 1 (AR rounds above it)
     for cap in (0, 1):

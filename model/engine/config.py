@@ -9,7 +9,6 @@ from typing import Literal
 
 import torch
 
-from ..draft_ahead import DraftAhead
 from ..processor import InvalidInput
 
 
@@ -57,14 +56,6 @@ class EngineConfig:
     # Large batches pay for every rejected draft position; short blocks waste less.
     adaptive_block: bool = False
     adaptive_window: int = 4  # rounds that "recent" covers
-    # One pass per round: verify the drafts and draft the next round in the same pass
-    # (model/draft_ahead.py); None: the classic draft pass + verify pass.
-    draft_ahead: DraftAhead | None = None
-    # Draft-ahead rounds only while at most this many sequences run, classic rounds above
-    # (None: at any batch size). A one-pass round commits more per pass but its pass is
-    # longer: where a pass costs by its tokens (a CPU, a large batch) classic rounds win.
-    # Both are exact, so a sequence may switch between rounds of either kind.
-    draft_ahead_max_batch: int | None = None
     # Speculative rounds only while at most this many sequences run, plain AR rounds above
     # (None: at any batch size). A round of B drafts costs about 2(B + 1) token positions per
     # sequence for the ~4 it commits: nearly free where a pass costs the same whatever its
@@ -81,10 +72,6 @@ class EngineConfig:
             raise ValueError(f"block_size must be at least 2, got {self.block_size}")
         if self.num_threads < 1:
             raise ValueError(f"num_threads must be at least 1, got {self.num_threads}")
-        if self.draft_ahead is not None:
-            self.draft_ahead.check_fits(self.block_size)
-        if self.draft_ahead_max_batch is not None and self.draft_ahead_max_batch < 1:
-            raise ValueError(f"draft_ahead_max_batch must be at least 1 (None: any batch), got {self.draft_ahead_max_batch}")
         if self.speculative_max_batch is not None and self.speculative_max_batch < 1:
             raise ValueError("speculative_max_batch must be at least 1 (None: any batch), "
                              f"got {self.speculative_max_batch}")
@@ -92,11 +79,6 @@ class EngineConfig:
     def speculates(self, running: int) -> bool:
         """Whether a round of `running` sequences is speculative (else one AR token each)."""
         return self.mode == "spec" and (self.speculative_max_batch is None or running <= self.speculative_max_batch)
-
-    def drafts_ahead(self, running: int) -> bool:
-        """Whether a round of `running` sequences is a draft-ahead round."""
-        return self.speculates(running) and self.draft_ahead is not None and (
-            self.draft_ahead_max_batch is None or running <= self.draft_ahead_max_batch)
 
     def check_fits(self, request_id: str, prompt_length: int, max_new_tokens: int) -> None:
         """Raise RequestTooLong if prompt + max_new_tokens cannot finish in one slot."""
@@ -111,7 +93,5 @@ class EngineConfig:
     @property
     def slot_capacity(self) -> int:
         """Tokens one slot holds: max_seq_len plus room for the mask tokens of a draft pass
-        started just before the end (their KV is written, then dropped); a draft-ahead
-        round writes up to B drafts, its branches and its mask blocks."""
-        extra = self.draft_ahead.most_extra_tokens if self.draft_ahead is not None else 0
-        return self.max_seq_len + self.block_size + 1 + extra
+        started just before the end (their KV is written, then dropped)."""
+        return self.max_seq_len + self.block_size + 1

@@ -34,7 +34,6 @@ class EngineStats:
 
     batches_run: int = 0  # batched forward passes (prefill, draft, verify, AR)
     rounds: int = 0  # decode rounds (one per step that had running sequences)
-    draft_ahead_rounds: int = 0  # of them, one-pass rounds (EngineConfig.draft_ahead)
     ar_rounds: int = 0  # of them, one AR token each (mode "ar", or past EngineConfig.speculative_max_batch)
     batch_size: int = 0  # sequences running now
     waiting: int = 0  # requests queued for a slot
@@ -51,8 +50,7 @@ class EngineStats:
 
     def rounds_by_kind(self) -> dict[str, int]:
         """Decode rounds so far by kind (the metrics' `kind` label)."""
-        speculative = self.rounds - self.draft_ahead_rounds - self.ar_rounds
-        return {"speculative": speculative, "draft_ahead": self.draft_ahead_rounds, "ar": self.ar_rounds}
+        return {"speculative": self.rounds - self.ar_rounds, "ar": self.ar_rounds}
 
     @property
     def decode_tokens_per_second(self) -> float:
@@ -65,9 +63,9 @@ class Engine:
         """`model` is moved to config.device / config.dtype and put in eval mode.
         `tokenizer` (a tokenizer or an OcrProcessor) is only used to fill RequestResult.text.
         With `draft_rules`, drafts are kept to the structure of the table or formula being
-        written, as `speculative_decode` does: the prefill's, draft-ahead rounds', and on
-        the CPU also classic rounds' (elsewhere that would cost a device-to-host transfer
-        between their two passes; the output is the same either way)."""
+        written, as `speculative_decode` does: the prefill's, and on the CPU also each
+        round's draft pass's (elsewhere that would cost a device-to-host transfer between
+        the round's two passes; the output is the same either way)."""
         self.config = config or EngineConfig()
         torch.set_num_threads(self.config.num_threads)
         context = model.config.text_config.max_position_embeddings
@@ -127,10 +125,7 @@ class Engine:
         running = list(self.scheduler.running)
         if running:
             start, cpu_start = time.perf_counter(), time.process_time()
-            if self.config.drafts_ahead(len(running)):
-                self._draft_ahead_round(running)
-                self._stats.draft_ahead_rounds += 1
-            elif self.config.speculates(len(running)):
+            if self.config.speculates(len(running)):
                 self._speculative_round(running)
             else:
                 self._ar_round(running)
@@ -188,16 +183,13 @@ class Engine:
             self._count_pass(sequence)
             self._commit(sequence, [output.first_tokens[i]], in_decode=False)
             sequence.drafts = output.drafts[i]
-            if self.config.draft_ahead is not None:
-                sequence.drafts_alternates, sequence.drafts_confident = output.alternates[i], output.confident[i]
         self._finish_all([s for s in newcomers if s.finished], finished)
 
     def _speculative_round(self, running: list[Sequence]) -> None:
-        for sequence in running:  # drafts from the prefill or a draft-ahead round: verified first
+        for sequence in running:  # drafts from the prefill: verified first
             if sequence.drafts:
                 room = max(0, sequence.max_new_tokens - len(sequence.tokens) - 1)  # drafts beyond the bonus
                 sequence.drafts = kept_to_structure(sequence.shape, sequence.drafts[:room])
-                sequence.drafts_alternates, sequence.drafts_confident = [], []
         blocks = [s.next_block(self.config.block_size, self.config.adaptive_block) for s in running]
         shapes = [s.shape for s in running] if self._structured_classic_drafts else None
         output = self.runner.speculative_round(running, blocks, shapes)
@@ -215,16 +207,6 @@ class Engine:
             sequence.stats.accepted_per_round.append(accepted)
             sequence.recent_accepted.append(accepted)
 
-    def _draft_ahead_round(self, running: list[Sequence]) -> None:
-        output = self.runner.draft_ahead_round(running)
-        for i, sequence in enumerate(running):
-            self._count_pass(sequence)
-            accepted = min(output.accepted[i], self._commit(sequence, output.committed[i]))  # none past an eos
-            sequence.stats.accepted_per_round.append(accepted)
-            sequence.recent_accepted.append(accepted)
-            sequence.drafts, sequence.drafts_alternates, sequence.drafts_confident = (
-                output.drafts[i], output.alternates[i], output.confident[i])
-
     def _ar_round(self, running: list[Sequence]) -> None:
         for sequence, token in zip(running, self.runner.ar_round(running)):
             self._count_pass(sequence)
@@ -232,7 +214,7 @@ class Engine:
             self._commit(sequence, [token])
             # A speculative sequence's pending drafts were for the token just committed and
             # those after it: a later speculative round drafts afresh.
-            sequence.drafts, sequence.drafts_alternates, sequence.drafts_confident = [], [], []
+            sequence.drafts = []
         self._stats.ar_rounds += 1
 
     def _count_pass(self, sequence: Sequence) -> None:

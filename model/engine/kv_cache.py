@@ -118,14 +118,6 @@ class SlotKVCache:
             values[destination, :, :n] = values[source, :, :n]
         self.lengths[destination], self.lengths[source] = n, 0
 
-    def shift(self, slot: int, source: int, destination: int, length: int) -> None:
-        """Copy `length` tokens' KV of a slot from `source` to `destination` (an accepted
-        branch of a draft-ahead round moves to follow the accepted drafts); the ranges may
-        overlap."""
-        for keys, values in zip(self.keys, self.values):
-            keys[slot, :, destination:destination + length] = keys[slot, :, source:source + length].clone()
-            values[slot, :, destination:destination + length] = values[slot, :, source:source + length].clone()
-
     def slot_kv(self, slot: int, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The KV that counts as slot's sequence: (kv_heads, length, head_dim) each."""
         n = self.lengths[slot]

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 import torch
 
-from ..draft_ahead import rounds_attention
 from ..structured_drafts import kept_to_structure
 from .config import EngineConfig
 from .kv_cache import SlotKVCache, rows_attention_mask
@@ -34,25 +33,10 @@ class SpeculativeRoundOutput:
 
 @dataclass
 class PrefillOutput:
-    """Per newcomer: its first response token and the drafts for the tokens after it, with
-    their second choices and confidence flags (draft-ahead rounds only; else empty)."""
+    """Per newcomer: its first response token and the drafts for the tokens after it."""
 
     first_tokens: list[int]
     drafts: list[list[int]]
-    alternates: list[list[int]]
-    confident: list[list[bool]]
-
-
-@dataclass
-class DraftAheadRoundOutput:
-    """Per row: drafts accepted, the tokens to commit (accepted drafts + the bonus token),
-    and the next round's drafts with their second choices and confidence flags."""
-
-    accepted: list[int]
-    committed: list[list[int]]
-    drafts: list[list[int]]
-    alternates: list[list[int]]
-    confident: list[list[bool]]
 
 
 def _causal(n: int, device) -> torch.Tensor:
@@ -152,21 +136,13 @@ class ModelRunner:
             [torch.zeros(1, dtype=torch.long, device=device), torch.arange(2, max(max(blocks), 1) + 1, device=device)])
         picked = hidden.gather(1, columns.clamp(max=width - 1)[..., None].expand(-1, -1, hidden.shape[-1]))
         logits = model.lm_head(picked)
-        ahead = self.config.draft_ahead
-        if ahead is None:
-            rows = logits.argmax(-1).tolist()
-        else:
-            rows = torch.cat([logits.argmax(-1), ahead.second_choices(logits), ahead.confident(logits).long()],
-                             1).tolist()  # the one device-to-host transfer
+        rows = logits.argmax(-1).tolist()  # the one device-to-host transfer
         for slot, length in zip(slots, lengths):
             self.cache.lengths[slot] = length
-        output, count = PrefillOutput([], [], [], []), columns.shape[1]
+        output = PrefillOutput([], [])
         for row, block in zip(rows, blocks):
             output.first_tokens.append(row[0])
             output.drafts.append(row[1:block])
-            if ahead is not None:
-                output.alternates.append(row[count + 1:count + block])
-                output.confident.append([bool(flag) for flag in row[2 * count + 1:2 * count + block]])
         return output
 
     @torch.no_grad()
@@ -245,50 +221,6 @@ class ModelRunner:
             sizes[i] = 1 + len(kept)
         as_tensor = lambda values: torch.tensor(values, dtype=torch.long, device=self.device)
         return as_tensor(rows), as_tensor(sizes)
-
-    @torch.no_grad()
-    def draft_ahead_round(self, sequences: list[Sequence]) -> DraftAheadRoundOutput:
-        """One pass per row: [x, drafts] verified causally, second-choice branches off the
-        first doubtful drafts, and mask blocks anchored after x, after the confident drafts
-        and at each branch, which draft the next round (model/draft_ahead.py). Rows are
-        padded to the longest input; one device-to-host transfer."""
-        ahead, device = self.config.draft_ahead, self.device
-        slots, past_host, past, _, x_positions = self._rows(sequences)
-        layouts = []
-        for sequence in sequences:
-            room = max(0, sequence.max_new_tokens - len(sequence.tokens) - 1)  # drafts beyond the bonus
-            layouts.append(ahead.layout(sequence.tokens[-1], sequence.drafts[:room], sequence.drafts_alternates[:room],
-                                        sequence.drafts_confident[:room], self.mask_id, sequence.shape))
-        n, width = len(sequences), max(len(layout.tokens) for layout in layouts)
-        padding = lambda values, fill: values + [fill] * (width - len(values))
-        ids = torch.tensor([padding(layout.tokens, self.pad_id) for layout in layouts], dtype=torch.long,
-                           device=device)
-        offsets = torch.tensor([layout.offsets + list(range(len(layout.offsets), width)) for layout in layouts],
-                               dtype=torch.long, device=device)
-        positions = (x_positions[:, None] + offsets)[None].expand(3, n, -1)
-        pattern = rounds_attention(layouts, width, device)
-        read_len = max(past_host) + width
-        self.cache.plan(past, width, read_len)
-        logits = self._logits(ids, positions, rows_attention_mask(past, pattern, read_len))
-        rows = torch.cat([logits.argmax(-1), ahead.second_choices(logits), ahead.confident(logits).long()],
-                         1).tolist()
-
-        output = DraftAheadRoundOutput([], [], [], [], [])
-        for slot, cached, layout, row in zip(slots, past_host, layouts, rows):
-            predicted, alternates, confident = row[:width], row[width:2 * width], [bool(c) for c in row[2 * width:]]
-            outcome = layout.outcome(predicted)
-            main = outcome.accepted - outcome.branch_accepted
-            if outcome.branch_start is not None:  # the accepted branch tokens' KV follows the accepted drafts
-                self.cache.shift(slot, cached + outcome.branch_start, cached + 1 + main, outcome.branch_accepted)
-            self.cache.lengths[slot] = cached + 1 + outcome.accepted  # x and the accepted tokens
-            next_drafts, next_alternates, next_confident = layout.next_drafts(outcome, ahead.block, predicted,
-                                                                              alternates, confident)
-            output.accepted.append(outcome.accepted)
-            output.committed.append(outcome.committed)
-            output.drafts.append(next_drafts)
-            output.alternates.append(next_alternates)
-            output.confident.append(next_confident)
-        return output
 
     @torch.no_grad()
     def ar_round(self, sequences: list[Sequence]) -> list[int]:

@@ -51,13 +51,9 @@ class Sequence:
     stats: DecodeStats = field(default_factory=DecodeStats)
     timings: RequestTimings = field(default_factory=RequestTimings)
     recent_accepted: deque[int] = field(default_factory=lambda: deque(maxlen=4))
-    # Drafts for the tokens after the last committed one, written by the prefill (classic
-    # rounds: for the first round only) or by each round (draft-ahead rounds), with their
-    # second choices and confidence flags (draft-ahead rounds branch on the second choices
-    # and place anchors after the confident drafts).
+    # Drafts for the tokens after the last committed one, written by the prefill: the
+    # first speculative round verifies them instead of running a draft pass.
     drafts: list[int] = field(default_factory=list)
-    drafts_alternates: list[int] = field(default_factory=list)
-    drafts_confident: list[bool] = field(default_factory=list)
     shape: object = None  # what the committed tokens say of a table or formula (model/structured_drafts.py)
 
     @property
