@@ -61,7 +61,7 @@ class _Sequence:
         self.eos_ids = eos_ids
         self.max_new_tokens = max_new_tokens
         self.task = task
-        self.shape = shape  # what the committed tokens say of a table or formula (model/structured_drafts.py)
+        self.shape = shape  # what the committed tokens say of a formula (model/structured_drafts.py)
 
     @property
     def finish_reason(self) -> str | None:
@@ -155,8 +155,8 @@ def greedy_decode(model, prompt: EncodedPrompt, max_new_tokens: int, eos_ids: se
 def speculative_decode(model, prompt: EncodedPrompt, max_new_tokens: int, eos_ids: set[int],
                        block_size: int = 32, draft_rules: DraftRules | None = None) -> DecodeResult:
     """Self-speculative decoding; output identical to `greedy_decode` of the same weights.
-    With `draft_rules`, drafts are kept to the structure of the table or formula being
-    written (model/draft_rules.py) before they are verified."""
+    With `draft_rules`, a formula's drafts are kept to LaTeX's command names
+    (model/draft_rules.py) before they are verified."""
     check_length(prompt, max_new_tokens, model)
     if block_size < 2:
         raise ValueError(f"block_size must be at least 2, got {block_size}")

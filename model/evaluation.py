@@ -95,8 +95,8 @@ def evaluate(recognizer: Recognizer, items: list[ManifestItem], batch_size: int 
              decode: DecodeSettings | None = None, check_exact: bool = False,
              structured_drafts: bool = True) -> EvalReport:
     """`decode`: the decoding settings measured (None: the product's defaults, so the figures
-    are what a user gets). `structured_drafts`: keep drafts to a table's structure and
-    LaTeX's command names (model/draft_rules.py); off to measure what it buys. Crops only:
+    are what a user gets). `structured_drafts`: keep a formula's drafts to LaTeX's command
+    names (model/draft_rules.py); off to measure what it buys. Crops only:
     a whole page is read by the page pipeline, not as one crop."""
     decode = decode or DecodeSettings()
     pages = [item.id for item in items if item.type not in MAX_NEW_TOKENS]

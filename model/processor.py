@@ -89,9 +89,9 @@ class OcrProcessor:
         self.max_context = max_context
         self.image_token = SPECIAL.image if template == CHAR_TEMPLATE else "<|image|>"
         self.eos_token_ids = [tokenizer.eos_token_id]
-        # Table tags and LaTeX letters as single tokens let decoders keep drafts to a
-        # table's structure and to LaTeX's command names.
-        self.draft_rules = DraftRules.of(tokenizer, self.eos_token_ids)
+        # LaTeX letters as single tokens let decoders keep a formula's drafts to LaTeX's
+        # command names.
+        self.draft_rules = DraftRules.of(tokenizer)
 
     def encode(self, image, task: str = "text", max_new_tokens: int = 0) -> EncodedPrompt:
         if task not in TASK_PROMPTS:

@@ -88,7 +88,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--lines", choices=LINE_SPLITTERS, default=PageOcrConfig.lines,
                         help="line splitter for page items (as `gravityocr ocr --lines`)")
     parser.add_argument("--no-structured-drafts", action="store_true",
-                        help="leave table structure and LaTeX command names to the drafter (to measure what "
+                        help="leave LaTeX command names in formulas to the drafter (to measure what "
                              "keeping drafts to them buys)")
     # The product's decoding by default; `--speculative-max-batch 0` measures speculation at
     # every batch size.

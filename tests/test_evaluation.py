@@ -60,7 +60,7 @@ def test_eval_json_on_a_trained_tiny_model(tmp_path, trained_tiny_model, process
                                  "device": "cpu", "threads": threads, "product_default": True}
     assert {k: shipped[k] for k in ("text", "table", "formula")} == {k: report[k] for k in ("text", "table", "formula")}
 
-    # Leaving table structure and LaTeX names to the drafter: the same reading.
+    # Leaving LaTeX names in formulas to the drafter: the same reading.
     assert main(["eval", str(data), "--model", str(model_dir), "--json", "--check-exact", "--block-size", "16",
                  "--speculative-max-batch", "0", "--no-structured-drafts"]) == 0
     free = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

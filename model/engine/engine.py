@@ -62,8 +62,8 @@ class Engine:
                  draft_rules: DraftRules | None = None):
         """`model` is moved to config.device / config.dtype and put in eval mode.
         `tokenizer` (a tokenizer or an OcrProcessor) is only used to fill RequestResult.text.
-        With `draft_rules`, drafts are kept to the structure of the table or formula being
-        written, as `speculative_decode` does: the prefill's, and on the CPU also each
+        With `draft_rules`, a formula's drafts are kept to LaTeX's command names, as
+        `speculative_decode` does: the prefill's, and on the CPU also each
         round's draft pass's (elsewhere that would cost a device-to-host transfer between
         the round's two passes; the output is the same either way)."""
         self.config = config or EngineConfig()

@@ -153,8 +153,8 @@ class ModelRunner:
         verifies [x, drafts] instead and its draft-pass row, if the pass runs for others,
         is ignored; its block is 1 + its drafts. Rows that finish at y are verified anyway
         (the result is ignored) so that no transfer is needed between the two passes.
-        With `shapes` (per row: what its committed tokens say of a table or formula, or
-        None), the drafted rows' drafts are kept to that structure between the passes: a
+        With `shapes` (per row: what its committed tokens say of a formula, or None), the
+        drafted rows' drafts are kept to that structure between the passes: a
         second transfer, for devices where the drafts are in host memory anyway."""
         device, n, width = self.device, len(sequences), max(blocks)
         # Every host-to-device copy of the round happens here, before its first kernel.
@@ -208,7 +208,7 @@ class ModelRunner:
     def _kept_to_structure(self, shapes: list, came_with: list[list[int]], y: torch.Tensor, drafts: torch.Tensor,
                            block_sizes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The draft pass's drafts of rows with a shape kept to the structure that follows
-        their y (model/structured_drafts.py); a row's block shrinks where tags are dropped,
+        their y (model/structured_drafts.py); a row's block shrinks where fewer are kept,
         the padding after it never accepted."""
         rows, sizes = drafts.tolist(), block_sizes.tolist()
         for i, (shape, row_y) in enumerate(zip(shapes, y.tolist())):

@@ -54,7 +54,7 @@ class Sequence:
     # Drafts for the tokens after the last committed one, written by the prefill: the
     # first speculative round verifies them instead of running a draft pass.
     drafts: list[int] = field(default_factory=list)
-    shape: object = None  # what the committed tokens say of a table or formula (model/structured_drafts.py)
+    shape: object = None  # what the committed tokens say of a formula (model/structured_drafts.py)
 
     @property
     def prompt_len(self) -> int:
