@@ -108,18 +108,18 @@ def load_items(processor, data: str | None, limit: int | None) -> tuple[list[Ben
 # --- runs --------------------------------------------------------------------------------
 
 def run_mode(model, eos_ids, items: list[BenchItem], count: int, max_new_tokens: int, decode: DecodeSettings,
-             batch_size: int, threads: int, adaptive: bool = False, clock: str = "wall", draft_rules=None) -> ModeRun:
+             batch_size: int, threads: int, fixed_block: bool = False, clock: str = "wall", draft_rules=None) -> ModeRun:
     """`count` requests cycling through `items`, decoded by a fresh engine with `decode`,
-    `batch_size` slots and `threads` torch threads (`adaptive`: per-request draft blocks from
-    their acceptance). clock "cpu" divides by the process's CPU time instead of wall time: on
+    `batch_size` slots and `threads` torch threads (`fixed_block`: every round drafts the full
+    block instead of the engine's per-request adaptive block). clock "cpu" divides by the process's CPU time instead of wall time: on
     a machine shared with other jobs it is the steadier figure, but it counts every thread's
     time, so it cannot show what extra threads buy."""
     requests = [Request(f"{i}", items[i % len(items)].prompt, max_new_tokens) for i in range(count)]
     longest = max(r.prompt.length for r in requests) + max_new_tokens
     config = decode.engine_config(device=str(model.device), dtype=model.dtype, threads=threads,
                                   max_batch_size=batch_size, max_seq_len=longest)
-    if adaptive:
-        config = dataclasses.replace(config, adaptive_block=True)
+    if fixed_block:
+        config = dataclasses.replace(config, adaptive_block=False)
     engine = Engine(model, config, eos_ids, draft_rules=draft_rules)
     results = engine.generate(requests)
     stats = engine.stats()
@@ -147,7 +147,7 @@ def compare(model, eos_ids, items, batch_size, type_name, args, draft_rules=None
     for _ in range(args.repeats):
         for name, decode in modes.items():
             run = run_mode(model, eos_ids, items, count, args.max_new_tokens, decode, batch_size, args.threads,
-                           args.adaptive and name in ("spec", "capped"), args.clock, draft_rules)
+                           args.fixed_block, args.clock, draft_rules)
             if name not in best or run.tokens_per_second > best[name].tokens_per_second:
                 best[name] = run
     ar = best["ar"]
@@ -188,7 +188,7 @@ def peers(model, processor, items: list[BenchItem], args) -> dict:
     engine_ar = run_mode(model, processor.eos_token_ids, chosen, len(chosen), args.max_new_tokens, modes["ar"], 1,
                          args.threads, clock=args.clock)
     engine_spec = run_mode(model, processor.eos_token_ids, chosen, len(chosen), args.max_new_tokens, modes["spec"], 1,
-                           args.threads, args.adaptive, clock=args.clock)
+                           args.threads, args.fixed_block, clock=args.clock)
     now = time.process_time if args.clock == "cpu" else time.perf_counter
     out = {"items": len(chosen),
            "engine_ar_tok_s": round(engine_ar.tokens_per_second, 1),
@@ -220,10 +220,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", help="model directory or hub name (default: the shipped model, else TINY random)")
     parser.add_argument("--data", help="directory with manifest.jsonl, e.g. data/real (default: synthetic noise images, for random models)")
     parser.add_argument("--batch-sizes", default="1,8,32,64", help="comma-separated (default 1,8,32,64)")
-    parser.add_argument("--adaptive", action="store_true", help="per-request draft block from its acceptance")
+    parser.add_argument("--fixed-block", action="store_true",
+                        help="every round drafts the full block (the engine's default: each request's block "
+                             "follows its recent acceptance)")
     parser.add_argument("--no-structured-drafts", action="store_true",
-                        help="leave table structure and LaTeX command names to the drafter "
-                             "(model/draft_rules.py keeps drafts to them)")
+                        help="leave LaTeX command names in formulas to the drafter "
+                             "(model/draft_rules.py keeps a formula's drafts to them)")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--limit", type=int, help="only the first N items")
     parser.add_argument("--max-new-tokens", type=int, default=256)
@@ -286,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "model": model_note,
         "data": data_note,
-        "settings": {"threads": args.threads, **args.decode.to_dict(), "adaptive": args.adaptive,
+        "settings": {"threads": args.threads, **args.decode.to_dict(), "fixed_block": args.fixed_block,
                      "structured_drafts": draft_rules is not None,
                      "max_new_tokens": args.max_new_tokens, "dtype": args.dtype, "repeats": args.repeats,
                      "clock": args.clock},

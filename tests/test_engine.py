@@ -93,8 +93,8 @@ def test_speculative_batches_equal_greedy(model, tokenizer, eos, prompt_pool, gr
 def test_speculative_rounds_match_the_reference_round_for_round(model, eos, prompt_pool, block_size):
     """Same drafts, same acceptance, same pass count as `speculative_decode`: the batched
     draft pass gives every row exactly its own block's attention, also when a row's block
-    is cut short by its budget while the others' are not."""
-    engine = engine_for(model, eos, max_batch_size=13, block_size=block_size)
+    is cut short by its budget while the others' are not. Fixed blocks, as the reference drafts."""
+    engine = engine_for(model, eos, max_batch_size=13, block_size=block_size, adaptive_block=False)
     requests = make_requests(13, prompt_pool)
     for (request, _), result in zip(requests, engine.generate([r for r, _ in requests])):
         reference = speculative_decode(model, request.prompt, request.max_new_tokens, eos, block_size=block_size)
@@ -170,8 +170,8 @@ def test_the_cpu_default_stops_speculating_at_the_measured_crossover():
     assert not EngineConfig(mode="ar").speculates(1) and EngineConfig().speculates(10_000)
 
 
-def test_adaptive_block_is_exact(model, eos, prompt_pool, greedy_outputs):
-    engine = engine_for(model, eos, max_batch_size=16, block_size=32, adaptive_block=True)
+def test_fixed_blocks_are_exact(model, eos, prompt_pool, greedy_outputs):
+    engine = engine_for(model, eos, max_batch_size=16, block_size=32, adaptive_block=False)
     requests = make_requests(20, prompt_pool)
     for (request, index), result in zip(requests, engine.generate([r for r, _ in requests])):
         assert result.token_ids == expected(greedy_outputs, index, request.max_new_tokens)
@@ -208,7 +208,7 @@ def test_requests_join_between_steps_and_the_cache_holds_only_committed_tokens(
     running sequence's slot holds exactly the KV of prompt + committed - 1 tokens (no
     rejected draft or mask token counted, nothing lost when a sequence is moved to a
     freed slot), equal to what single-sequence decoding of those tokens holds."""
-    engine = engine_for(model, eos, mode=mode, max_batch_size=4, block_size=8)
+    engine = engine_for(model, eos, mode=mode, max_batch_size=4, block_size=8, adaptive_block=False)
     arrivals = make_requests(12, prompt_pool, first=1)
     index_of = {r.request_id: index for r, index in arrivals}
     request_of = {r.request_id: r for r, _ in arrivals}
