@@ -324,7 +324,8 @@ LONG_DECODE = 4000  # new tokens per crop: seconds of decoding for the tiny mode
 @pytest.fixture(scope="module")
 def never_ending_model(tokenizer, processor, tmp_path_factory) -> str:
     """A random model that never writes eos (its eos logit is pinned at 0, below the best of
-    170 random logits), so every crop decodes to its budget."""
+    170 random logits), so a table crop decodes to its budget (a text crop may stop sooner,
+    in a repetition loop)."""
     model = make_tiny_model(tokenizer, seed=5, dtype=torch.float32)
     with torch.no_grad():
         model.lm_head.weight[tokenizer.eos_token_id] = 0
@@ -398,7 +399,8 @@ def test_abandoned_page_crops_come_back_as_errors_and_leave_the_engine(never_end
         crops = SharedEngineRecognizer(recognizer, config, engine_requests, max_seq_len=4096)
         results = []
         reader = threading.Thread(target=lambda: results.extend(
-            crops.recognize([(random_image(20 + i, 84, 56), "text") for i in range(3)])))
+            # tables: their output is never cut as a loop (model/stopping.py), so each decodes on
+            crops.recognize([(random_image(20 + i, 336, 224), "table") for i in range(3)])))
         reader.start()
         for _ in range(600):
             if loop.stats().batch_size == 3:
