@@ -181,7 +181,7 @@ def run_ours(pages: list[BenchPage], recognizer, config, mode: str, args) -> Sys
             if region.stats:
                 tokens += region.stats["committed_tokens"]
                 passes += region.stats["forward_passes"]
-    figures.extra = {"tokens_per_forward": round(tokens / max(1, passes), 3), "decoder": crop_recognizer.decoder,
+    figures.extra = {"tokens_per_forward": round(tokens / max(1, passes), 3), "decoder": crop_recognizer.config.decoder,
                      "layout_s_per_page": round(sum(r.seconds["layout"] for r in results) / max(1, len(results)), 3)}
     return figures
 

@@ -4,8 +4,12 @@ Stages, streaming:
   documents (listed by the driver)
   -> render: CPU tasks, one row per page (PNG bytes); a bad document becomes one error
      row (page 0), never a failed job or a silently dropped block
-  -> read: an autoscaling pool of engine actors (layout, crops, batched self-speculative
-     decoding); GPUs requested only when the cluster has them
+  -> layout: CPU tasks, a page's layout and its crops and figures (PNG), as in
+     `PagePlanner.plan`; the page image goes no further
+  -> read: an autoscaling pool of engine actors, each with one long-lived engine loop
+     (`CropRecognizer`, as serve's replicas): several page batches are in flight on an actor
+     and their crops share engine rounds; a page is handed on as soon as its crops are read
+     (`PagePlanner.fill`); GPUs requested only when the cluster has them
   -> write: CPU tasks, a page's figure crops (PNG) and then one Parquet file per page,
      under names derived from the input key
 The driver counts the written pages and, when all pages of a document are in, writes
@@ -25,6 +29,8 @@ links); the document's markdown is KEY.md.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import io
 import json
 import logging
@@ -40,7 +46,7 @@ from .. import metrics
 from ..model.decode_settings import DecodeSettings, add_decode_arguments, decode_settings_from_args
 from .assembly import PageResult, document_markdown, figure_prefix_for, figures_folder
 from .layout import LAYOUT_BACKENDS, LINE_SPLITTERS
-from .page_ocr import PageOcrConfig
+from .page_ocr import Crop, PageOcrConfig, PagePlan, PagePlanner
 from .storage import StorageLocation, exists, list_objects, read_bytes, resolve, write_atomic
 
 log = logging.getLogger(__name__)
@@ -64,6 +70,13 @@ PAGE_SCHEMA = pa.schema([
 # which the write stage writes beside the markdown (never into the Parquet row).
 FIGURES_TYPE = pa.list_(pa.struct([("name", pa.string()), ("png", pa.binary())]))
 READ_SCHEMA = PAGE_SCHEMA.append(pa.field("figures", FIGURES_TYPE))
+# What the layout stage hands the engine actors: the page's fields, its plan (the unread page
+# result and its crops' places, JSON), its crops and figures as PNG; no page image.
+PLANNED_SCHEMA = pa.schema([
+    ("document_id", pa.string()), ("page_number", pa.int32()), ("page_count", pa.int32()), ("width", pa.int32()),
+    ("height", pa.int32()), ("dpi", pa.float64()), ("error_reason", pa.string()), ("error_message", pa.string()),
+    ("plan_json", pa.string()), ("crops", pa.list_(pa.binary())), ("figures", FIGURES_TYPE),
+])
 
 
 @dataclass
@@ -152,19 +165,71 @@ def render_document(row: dict, source: StorageLocation, dpi: float) -> list[dict
     return rows
 
 
-# --- stage 2: read pages (engine actors) --------------------------------------------------
+# --- stage 2: layout and crops (CPU tasks) -----------------------------------------------
+
+@functools.lru_cache(maxsize=4)
+def _planner(layout: str, lines: str, dpi: float) -> PagePlanner:
+    """One planner per worker process and settings: a layout model loads once, not per batch."""
+    return PagePlanner(PageOcrConfig(dpi=dpi, layout=layout, lines=lines))
+
+
+def plan_pages(batch: pa.Table, layout: str, lines: str, dpi: float) -> pa.Table:
+    """Each rendered page laid out and cut into crops (PNG), its figures cut (PNG); the page
+    image itself goes no further. An unrendered page passes through as it is."""
+    from PIL import Image
+
+    from .assembly import figure_crops, figure_png
+    from .documents import Page
+
+    planner = _planner(layout, lines, dpi)
+    out = []
+    for row in batch.to_pylist():
+        record = {name: row[name] for name in PLANNED_SCHEMA.names if name in row}
+        record.update(plan_json=None, crops=[], figures=[])
+        if row["error_reason"] is None:
+            image = Image.open(io.BytesIO(row["png"])).convert("RGB")
+            plan = planner.plan(Page(row["document_id"], row["page_number"], image, row["width"], row["height"],
+                                     row["dpi"] or None))
+            record["plan_json"] = json.dumps({"page": plan.result.to_dict(),
+                                              "crops": [{"region": c.region, "line": c.line, "task": c.task}
+                                                        for c in plan.crops]})
+            record["crops"] = [_png(crop.image) for crop in plan.crops]
+            record["figures"] = [{"name": name, "png": figure_png(figure)} for name, figure in figure_crops([plan.result])]
+        out.append(record)
+    return pa.Table.from_pylist(out, schema=PLANNED_SCHEMA)
+
+
+def _png(image) -> bytes:
+    """A crop on its way to the engine actors: lossless, fast to write (the text is read from it)."""
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG", compress_level=1)
+    return buffer.getvalue()
+
+
+def plan_from_row(row: dict) -> PagePlan:
+    """The page plan `plan_pages` wrote into a row."""
+    from PIL import Image
+
+    record = json.loads(row["plan_json"])
+    crops = [Crop(c["region"], tuple(c["line"]) if c["line"] is not None else None,
+                  Image.open(io.BytesIO(png)).convert("RGB"), c["task"])
+             for c, png in zip(record["crops"], row["crops"])]
+    return PagePlan(PageResult.from_dict(record["page"]), crops)
+
+
+# --- stage 3: read crops (engine actors) --------------------------------------------------
 
 class PageReader:
-    """An engine actor: holds one recogniser and reads batches of pages with it."""
+    """An engine actor: one recogniser and its long-lived engine loop. Its `__call__` is
+    async, so Ray Data keeps several page batches in flight on one actor and their crops
+    decode in the same engine rounds; each page is handed on as soon as its last crop is read."""
 
-    def __init__(self, model: str | None, decode: DecodeSettings, layout: str, dpi: float, threads: int,
-                 max_new_tokens: int | None, lines: str = PageOcrConfig.lines):
+    def __init__(self, model: str | None, decode: DecodeSettings, threads: int, max_new_tokens: int | None):
         import ray
         import torch
 
         from ..model.devices import resolve_device
         from ..model.loading import DEFAULT_MODEL_DIR
-        from .page_ocr import PageOcr
         from .recognizer import CropRecognizer, RecognizerConfig
 
         torch.set_num_threads(threads)
@@ -172,47 +237,43 @@ class PageReader:
         self.node_id = ray.get_runtime_context().get_node_id()
         settings = RecognizerConfig(decode=decode)
         device, dtype = resolve_device("auto")  # the GPU Ray assigned this actor, if any
-        recognizer = CropRecognizer.load(model or DEFAULT_MODEL_DIR,
+        self.crops = CropRecognizer.load(model or DEFAULT_MODEL_DIR,
                                          settings.capped(max_new_tokens) if max_new_tokens else settings,
                                          dtype=dtype, device=device)
-        self.page_ocr = PageOcr(recognizer, PageOcrConfig(dpi=dpi, layout=layout, lines=lines))
         metrics.engine_actor_started(device)
 
-    def __call__(self, batch: pa.Table) -> pa.Table:
-        from PIL import Image
-
-        from .assembly import figure_crops, figure_png, page_markdown
-        from .documents import Page
-
+    async def __call__(self, batch: pa.Table):
+        """The batch's crops go to the engine in one call (scheduled as `gravityocr ocr`
+        schedules the same pages); each page is yielded as soon as its own crops are read."""
         rows = batch.to_pylist()
-        readable = [r for r in rows if r["error_reason"] is None]
-        pages = []
-        for r in readable:
-            image = Image.open(io.BytesIO(r["png"])).convert("RGB")
-            pages.append(Page(r["document_id"], r["page_number"], image, r["width"], r["height"], r["dpi"] or None))
-        results = iter(self.page_ocr.read_pages(pages)) if pages else iter(())
-        out = []
-        for r in rows:
-            record = {name: r.get(name) for name in PAGE_SCHEMA.names}
-            record["mode"] = self.mode
-            record["node_id"] = self.node_id
-            if r["error_reason"] is None:
-                result = next(results)
-                stats = [region.stats for region in result.regions if region.stats]
-                record.update(markdown=page_markdown(result), regions_json=json.dumps(result.to_dict()),
-                              committed_tokens=sum(s["committed_tokens"] for s in stats),
-                              forward_passes=sum(s["forward_passes"] for s in stats),
-                              figures=[{"name": name, "png": figure_png(image)}
-                                       for name, image in figure_crops([result])])
-                if result.error:
-                    record.update(error_reason="layout_failed", error_message=result.error)
-            else:
-                record.update(markdown="", regions_json="null", committed_tokens=0, forward_passes=0, figures=[])
-            out.append(record)
-        return pa.Table.from_pylist(out, schema=READ_SCHEMA)
+        plans = [plan_from_row(row) if row["error_reason"] is None else None for row in rows]
+        start = time.perf_counter()
+        futures = iter(self.crops.submit([(crop.image, crop.task) for plan in plans if plan for crop in plan.crops]))
+        pending = [asyncio.ensure_future(self._page(row, plan, [next(futures) for _ in plan.crops] if plan else [], start))
+                   for row, plan in zip(rows, plans)]
+        for page in asyncio.as_completed(pending):
+            yield pa.Table.from_pylist([await page], schema=READ_SCHEMA)
+
+    async def _page(self, row: dict, plan: PagePlan | None, futures: list, start: float) -> dict:
+        from .assembly import page_markdown
+
+        record = {name: row.get(name) for name in PAGE_SCHEMA.names}
+        record.update(mode=self.mode, node_id=self.node_id, figures=row["figures"])
+        if plan is None:  # the document could not be rendered
+            record.update(markdown="", regions_json="null", committed_tokens=0, forward_passes=0)
+            return record
+        read = await asyncio.gather(*(asyncio.wrap_future(future) for future in futures))
+        result = PagePlanner.fill(plan, list(read), time.perf_counter() - start)
+        stats = [region.stats for region in result.regions if region.stats]
+        record.update(markdown=page_markdown(result), regions_json=json.dumps(result.to_dict()),
+                      committed_tokens=sum(s["committed_tokens"] for s in stats),
+                      forward_passes=sum(s["forward_passes"] for s in stats))
+        if result.error:
+            record.update(error_reason="layout_failed", error_message=result.error)
+        return record
 
 
-# --- stage 3: write pages (CPU tasks) -----------------------------------------------------
+# --- stage 4: write pages (CPU tasks) -----------------------------------------------------
 
 def write_pages(batch: pa.Table, destination: StorageLocation) -> pa.Table:
     """Each page's figure crops beside its document's markdown, then the page row to its own
@@ -315,10 +376,11 @@ def run_batch_job(config: BatchJobConfig) -> BatchSummary:
             ray.data.from_items([{"key": d.key} for d in todo], override_num_blocks=len(todo))
             .flat_map(render_document, fn_kwargs={"source": source, "dpi": config.dpi}, num_cpus=0.5,
                       runtime_env=runtime_env)
+            .map_batches(plan_pages, fn_kwargs={"layout": config.layout, "lines": config.lines, "dpi": config.dpi},
+                         batch_size=1, batch_format="pyarrow", num_cpus=0.25, runtime_env=runtime_env)
             .map_batches(
                 PageReader,
-                fn_constructor_kwargs={"model": config.model, "decode": config.decode, "layout": config.layout,
-                                       "lines": config.lines, "dpi": config.dpi, "threads": threads,
+                fn_constructor_kwargs={"model": config.model, "decode": config.decode, "threads": threads,
                                        "max_new_tokens": config.max_new_tokens},
                 batch_size=config.pages_per_batch, batch_format="pyarrow",
                 # Ray Data restarts a dead engine actor and retries its batch (max_restarts and

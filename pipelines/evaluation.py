@@ -34,17 +34,18 @@ from .recognizer import CropRecognizer, RecognizerConfig
 def read_pages(recognizer: Recognizer, items: list[ManifestItem], config: RecognizerConfig,
                page_config: PageOcrConfig) -> dict[str, tuple[str, int, int]]:
     """Page text, committed tokens and forward passes by item id (errors: empty text)."""
-    pipeline = PageOcr(CropRecognizer(recognizer, config), page_config)
     read: dict[str, tuple[str, int, int]] = {}
-    for start in range(0, len(items), page_config.batch_pages):
-        batch, pages = items[start:start + page_config.batch_pages], []
-        for item in batch:
-            image = item.load_image()
-            pages.append(Page(item.id, 1, image, image.width, image.height))
-        for item, result in zip(batch, pipeline.read_pages(pages)):
-            tokens = sum(r.stats["committed_tokens"] for r in result.regions if r.stats)
-            passes = sum(r.stats["forward_passes"] for r in result.regions if r.stats)
-            read[item.id] = (result.text(include_furniture=True), tokens, passes)
+    with CropRecognizer(recognizer, config) as crops:
+        pipeline = PageOcr(crops, page_config)
+        for start in range(0, len(items), page_config.batch_pages):
+            batch, pages = items[start:start + page_config.batch_pages], []
+            for item in batch:
+                image = item.load_image()
+                pages.append(Page(item.id, 1, image, image.width, image.height))
+            for item, result in zip(batch, pipeline.read_pages(pages)):
+                tokens = sum(r.stats["committed_tokens"] for r in result.regions if r.stats)
+                passes = sum(r.stats["forward_passes"] for r in result.regions if r.stats)
+                read[item.id] = (result.text(include_furniture=True), tokens, passes)
     return read
 
 

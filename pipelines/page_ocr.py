@@ -10,8 +10,8 @@ memory whole and fifty one-page PNGs still make one engine batch.
 
 from __future__ import annotations
 
+import logging
 import time
-import traceback
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -22,11 +22,13 @@ from PIL import Image
 
 from .assembly import LineResult, PageResult, RegionResult, document_json, document_markdown, join_lines, sum_stats
 from .documents import DocumentError, DocumentLimits, Page, open_document, read_file
-from .layout import TEXT_TYPES, Box, LayoutBackend, LineSplitter, NoLines, Region, layout_page, make_layout, \
+from .layout import TEXT_TYPES, Box, LayoutBackend, LineSplitter, NoLines, layout_page, make_layout, \
     make_line_splitter
 
 if TYPE_CHECKING:  # torch loads with the recogniser, not with the settings (the CLIs' defaults are read here)
-    from .recognizer import CropRecognizer, CropResult
+    from .recognizer import CropRecognizer, CropResult, Submit
+
+log = logging.getLogger(__name__)
 
 # The task prompt each region type is read with; figures are not read.
 TASK_BY_TYPE = {**{kind: "text" for kind in TEXT_TYPES}, "table": "table", "formula": "formula"}
@@ -79,21 +81,101 @@ class _Pending:
 
 
 @dataclass
-class _Crop:
-    page: int  # index in the batch
-    region: int  # index in that page's regions
-    line: int | None  # index in the region's lines, None for a whole-region crop
+class Crop:
+    """One crop of a laid-out page to read: a whole region, or one line of a text region."""
+
+    region: int  # index in the page's regions
+    line: Box | None  # the line's box, None for a whole-region crop
     image: Image.Image
     task: str
 
 
+@dataclass
+class PagePlan:
+    """A laid-out page before it is read: its result with every region still unread
+    (figures already cut), and its crops in reading order. `PagePlanner.plan` makes it,
+    `PagePlanner.fill` turns it and the crops' results into the page's result; the batch job
+    runs the two in different stages."""
+
+    result: PageResult
+    crops: list[Crop]
+
+
+class PagePlanner:
+    """The model-free half of reading a page: its layout and crops (`plan`), and its result
+    from what its crops read (`fill`). The batch job runs it in CPU tasks of its own; the
+    engine actors only read crops."""
+
+    def __init__(self, config: PageOcrConfig | None = None, layout: LayoutBackend | None = None,
+                 lines: LineSplitter | None = None):
+        self.config = config or PageOcrConfig()
+        self.layout = layout or make_layout(self.config.layout)
+        self.lines = lines or make_line_splitter(self.config.lines)
+
+    def plan(self, page: Page) -> PagePlan:
+        """The page laid out and cut into crops; a layout failure is the page's error."""
+        start = time.perf_counter()
+        error = None
+        try:
+            regions = layout_page(page.image, self.layout, self.lines)
+        except Exception as failure:  # noqa: BLE001 - the page is reported, the others go on
+            regions, error = [], f"layout failed: {type(failure).__name__}: {failure}"
+        result = PageResult(page.document_id, page.page_number, page.width, page.height, page.dpi,
+                            self.layout.name, seconds={"layout": time.perf_counter() - start}, error=error)
+        reads_lines = not isinstance(self.lines, NoLines)
+        crops = []
+        for index, region in enumerate(regions):
+            task = TASK_BY_TYPE.get(region.type)
+            result.regions.append(RegionResult(region.order, region.type, region.bbox, region.score, task))
+            if region.type == "figure":
+                result.regions[-1].image = page.image.crop(region.bbox)
+            elif region.type in TEXT_TYPES and reads_lines:
+                crops += [Crop(index, line, self._crop(page.image, line), task) for line in region.lines]
+            elif task is not None:
+                crops.append(Crop(index, None, self._crop(page.image, region.bbox), task))
+        return PagePlan(result, crops)
+
+    @staticmethod
+    def fill(plan: PagePlan, read: list[CropResult], recognition_seconds: float) -> PageResult:
+        """The page's result: each region's text from its crops' results (`read`, in the
+        order of `plan.crops`), lines joined into paragraphs."""
+        result = plan.result
+        for index, region in enumerate(result.regions):
+            mine = [(crop, cr) for crop, cr in zip(plan.crops, read) if crop.region == index]
+            if region.type == "figure":
+                continue
+            if mine and mine[0][0].line is not None:
+                region.lines = [LineResult(crop.line, cr.text.strip(), cr.stats_dict(), cr.error) for crop, cr in mine]
+                good = [line for line in region.lines if line.error is None]
+                region.text = join_lines([line.text for line in good])
+                region.stats = sum_stats([line.stats for line in good])
+                if not good:
+                    region.error = f"no line could be read: {region.lines[0].error}"
+            elif mine:
+                cr = mine[0][1]
+                text = cr.text.strip()
+                region.text = join_lines(text.splitlines()) if region.type in TEXT_TYPES else text
+                region.stats, region.error = cr.stats_dict(), cr.error
+            else:
+                region.text = ""  # a text region without ink lines: nothing to read
+        result.seconds["recognition"] = recognition_seconds
+        result.seconds["total"] = result.seconds["layout"] + recognition_seconds
+        return result
+
+    def _crop(self, image: Image.Image, box: Box) -> Image.Image:
+        pad = self.config.padding
+        x0, y0, x1, y1 = box
+        return image.crop((max(0, x0 - pad), max(0, y0 - pad), min(image.width, x1 + pad), min(image.height, y1 + pad)))
+
+
 class PageOcr:
+    """Documents and pages through layout (`PagePlanner`) and one recogniser."""
+
     def __init__(self, recognizer: CropRecognizer, config: PageOcrConfig | None = None,
                  layout: LayoutBackend | None = None, lines: LineSplitter | None = None):
         self.recognizer = recognizer
         self.config = config or PageOcrConfig()
-        self.layout = layout or make_layout(self.config.layout)
-        self.lines = lines or make_line_splitter(self.config.lines)
+        self.planner = PagePlanner(self.config, layout, lines)
 
     # --- documents ---------------------------------------------------------------------
 
@@ -149,85 +231,26 @@ class PageOcr:
 
     # --- pages -------------------------------------------------------------------------
 
-    def read_pages(self, pages: list[Page]) -> list[PageResult]:
-        """Layout of every page, then one recogniser call for all their crops."""
-        layouts: list[list[Region]] = []
-        results: list[PageResult] = []
-        for page in pages:
-            start = time.perf_counter()
-            error = None
-            try:
-                regions = layout_page(page.image, self.layout, self.lines)
-            except Exception as failure:  # noqa: BLE001 - the page is reported, the others go on
-                regions, error = [], f"layout failed: {type(failure).__name__}: {failure}"
-            layouts.append(regions)
-            results.append(PageResult(page.document_id, page.page_number, page.width, page.height, page.dpi,
-                                      self.layout.name, seconds={"layout": time.perf_counter() - start},
-                                      error=error))
-        crops = self._crops(pages, layouts)
+    def read_pages(self, pages: list[Page], submit: Submit | None = None) -> list[PageResult]:
+        """Layout of every page, then all their crops to the recogniser at once. `submit`:
+        where the crops' engine requests go (default: the recogniser's own loop)."""
+        plans = [self.planner.plan(page) for page in pages]
+        crops = [crop for plan in plans for crop in plan.crops]
         start = time.perf_counter()
         try:
-            read = self.recognizer.recognize([(crop.image, crop.task) for crop in crops])
+            read = self.recognizer.recognize([(crop.image, crop.task) for crop in crops], submit)
         except Exception as error:  # noqa: BLE001 - one broken batch must not end the run
             from .recognizer import CropResult
 
-            message = f"recogniser failed: {type(error).__name__}: {error}"
-            traceback.print_exc()
-            read = [CropResult("", error=message) for _ in crops]
+            log.exception("recogniser failed")
+            read = [CropResult("", error=f"recogniser failed: {type(error).__name__}: {error}") for _ in crops]
         elapsed = time.perf_counter() - start
-        per_page = [0] * len(pages)
-        for crop in crops:
-            per_page[crop.page] += 1
-        for index, (page, regions, result) in enumerate(zip(pages, layouts, results)):
-            result.regions = self._assemble(page, regions, [(c, r) for c, r in zip(crops, read) if c.page == index])
-            result.seconds["recognition"] = elapsed * per_page[index] / max(1, len(crops))
-            result.seconds["total"] = result.seconds["layout"] + result.seconds["recognition"]
+        results, offset = [], 0
+        for plan in plans:
+            mine = read[offset:offset + len(plan.crops)]
+            offset += len(plan.crops)
+            results.append(self.planner.fill(plan, mine, elapsed * len(mine) / max(1, len(crops))))
         return results
-
-    def _crops(self, pages: list[Page], layouts: list[list[Region]]) -> list[_Crop]:
-        crops = []
-        reads_lines = not isinstance(self.lines, NoLines)
-        for p, (page, regions) in enumerate(zip(pages, layouts)):
-            for r, region in enumerate(regions):
-                task = TASK_BY_TYPE.get(region.type)
-                if task is None:
-                    continue
-                if region.type in TEXT_TYPES and reads_lines:
-                    for i, line in enumerate(region.lines):
-                        crops.append(_Crop(p, r, i, self._crop(page.image, line), task))
-                else:
-                    crops.append(_Crop(p, r, None, self._crop(page.image, region.bbox), task))
-        return crops
-
-    def _crop(self, image: Image.Image, box: Box) -> Image.Image:
-        pad = self.config.padding
-        x0, y0, x1, y1 = box
-        return image.crop((max(0, x0 - pad), max(0, y0 - pad), min(image.width, x1 + pad), min(image.height, y1 + pad)))
-
-    def _assemble(self, page: Page, regions: list[Region], read: list[tuple[_Crop, CropResult]]) -> list[RegionResult]:
-        out = []
-        for r, region in enumerate(regions):
-            mine = [(crop, result) for crop, result in read if crop.region == r]
-            result = RegionResult(region.order, region.type, region.bbox, region.score, TASK_BY_TYPE.get(region.type))
-            if region.type == "figure":
-                result.image = page.image.crop(region.bbox)
-            elif mine and mine[0][0].line is not None:
-                result.lines = [LineResult(region.lines[crop.line], cr.text.strip(), cr.stats_dict(), cr.error)
-                                for crop, cr in mine]
-                good = [line for line in result.lines if line.error is None]
-                result.text = join_lines([line.text for line in good])
-                result.stats = sum_stats([line.stats for line in good])
-                if not good:
-                    result.error = f"no line could be read: {result.lines[0].error}"
-            elif mine:
-                cr = mine[0][1]
-                text = cr.text.strip()
-                result.text = join_lines(text.splitlines()) if region.type in TEXT_TYPES else text
-                result.stats, result.error = cr.stats_dict(), cr.error
-            else:
-                result.text = ""  # a text region without ink lines: nothing to read
-            out.append(result)
-        return out
 
 
 def _source_id(source: DocumentSource) -> str:

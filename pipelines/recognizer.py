@@ -1,38 +1,42 @@
-"""The boundary between pages and the model: a list of (crop, task) in, text and decode
-statistics per crop out, in one call, so that the regions of many pages decode as one
-engine batch.
+"""The boundary between pages and the model: crops (image, task) in, text and decode
+statistics per crop out, through one long-lived engine.
 
-Everything about *how* crops are decoded lives in `_decode`: the batched engine
-(`gravityocr.model.engine`, continuous batching of self-speculative decoding) when it is
-installed, else the single-sequence reference decoders of `gravityocr.model.decoding`,
-whose output the engine reproduces token for token. Either way the text is greedy AR
-decoding of the same weights; only the speed differs.
+Every entry point reads crops through this class: `gravityocr ocr`, `eval`, the batch
+job's engine actors and serve's replicas. Each `CropRecognizer` owns one `EngineLoop` (the
+batched engine on a thread of its own, model/engine/loop.py), so crops submitted by
+different callers, page batches or HTTP requests decode in the same rounds (continuous
+batching across them), and the engine and its KV cache are built once, not per batch.
+The reference decoders of `gravityocr.model.decoding` (decoder "reference") read the same
+crops one by one: the engine's output equals theirs token for token, and tests compare the
+two. Either way the text is greedy AR decoding of the same weights; only the speed differs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 import dataclasses
+import functools
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from PIL import Image
 
-from gravityocr.model.decoding import DecodeStats, greedy_decode, speculative_decode
 from gravityocr.model.decode_settings import DecodeSettings
+from gravityocr.model.decoding import DecodeStats, greedy_decode, speculative_decode
 from gravityocr.model.loading import Recognizer, load_recognizer
 from gravityocr.model.processor import TASK_PROMPTS, EncodedPrompt, InvalidInput
 from gravityocr.model.stopping import without_loop
 
+if TYPE_CHECKING:
+    from gravityocr.model.engine import EngineConfig, Request
+    from gravityocr.model.engine.loop import EngineLoop
 
-def engine_available() -> bool:
-    try:
-        from gravityocr.model.engine import Engine  # noqa: F401
-    except ImportError:
-        return False
-    return True
+DECODERS = ("engine", "reference")
 
 
 @dataclass
@@ -40,15 +44,19 @@ class RecognizerConfig:
     decode: DecodeSettings = field(default_factory=DecodeSettings)  # how crops are decoded (one meaning everywhere)
     # Longest output per task: a line of text, a whole table as HTML, one formula.
     max_new_tokens: dict[str, int] = field(default_factory=lambda: {"text": 256, "table": 1024, "formula": 256})
-    max_batch_size: int = 32  # sequences the engine decodes together
-    decoder: Literal["auto", "engine", "reference"] = "auto"  # auto: the engine when installed
+    max_batch_size: int = 32  # sequences the engine decodes together (its cache slots)
+    max_seq_len: int = 2048  # per crop: prompt + output tokens (a cache slot; capped at the model's context)
+    decoder: Literal["engine", "reference"] = "engine"  # the reference decoders: for checking the engine
 
     def __post_init__(self):
-        if self.decoder not in ("auto", "engine", "reference"):
-            raise ValueError(f"decoder must be 'auto', 'engine' or 'reference', got {self.decoder!r}")
+        if self.decoder not in DECODERS:
+            raise ValueError(f"decoder must be one of {', '.join(map(repr, DECODERS))}, got {self.decoder!r}")
         missing = set(TASK_PROMPTS) - set(self.max_new_tokens)
         if missing:
             raise ValueError(f"max_new_tokens lacks tasks {sorted(missing)}")
+        if self.max_batch_size < 1 or self.max_seq_len < 2:
+            raise ValueError(f"max_batch_size must be >= 1 and max_seq_len >= 2, got {self.max_batch_size}, "
+                             f"{self.max_seq_len}")
 
     def capped(self, limit: int) -> "RecognizerConfig":
         """The same config with every task's output capped at `limit` tokens."""
@@ -79,23 +87,21 @@ class CropResult:
         }
 
 
-@dataclass
-class _Job:
-    index: int
-    prompt: EncodedPrompt
-    max_new_tokens: int
+# Where a call's engine requests go, all at once: the loop itself (`EngineLoop.submit_all`),
+# or a group that withdraws its requests together (serve's `EngineRequests`, one per HTTP request).
+Submit = Callable[[list["Request"]], list[Future]]
 
 
 class CropRecognizer:
     """Reads crops with one recogniser; see the module docstring."""
 
-    def __init__(self, recognizer: Recognizer, config: RecognizerConfig | None = None):
+    def __init__(self, recognizer: Recognizer, config: RecognizerConfig | None = None, on_step=None):
+        """`on_step(stats, finished)` is called on the engine's thread after every step (metrics)."""
         self.recognizer = recognizer
         self.config = config or RecognizerConfig()
-        if self.config.decoder == "engine" and not engine_available():
-            raise ImportError("decoder='engine' but gravityocr.model.engine is not installed")
-        self.decoder = ("engine" if engine_available() else "reference") if self.config.decoder == "auto" \
-            else self.config.decoder
+        self._on_step = on_step
+        self._loop: EngineLoop | None = None
+        self._loop_lock = threading.Lock()  # callers on several threads start one loop
 
     @classmethod
     def load(cls, path: str | Path, config: RecognizerConfig | None = None,
@@ -103,40 +109,110 @@ class CropRecognizer:
         return cls(load_recognizer(path, dtype=dtype, device=device), config)
 
     @property
-    def context(self) -> int:
-        return int(self.recognizer.model.config.text_config.max_position_embeddings)
+    def max_seq_len(self) -> int:
+        """Prompt + output tokens one crop may take: the config's, within the model's context."""
+        context = int(self.recognizer.model.config.text_config.max_position_embeddings)
+        return min(self.config.max_seq_len, context)
 
-    def recognize(self, crops: Sequence[tuple[Image.Image, str]]) -> list[CropResult]:
-        """Text of every crop, in order. A crop the processor refuses (too small, too
-        elongated, too large for the context) comes back with `error` set."""
-        results: list[CropResult | None] = [None] * len(crops)
-        jobs: list[_Job] = []
+    @functools.cached_property
+    def engine_config(self) -> EngineConfig:
+        """The engine's configuration: the decoding settings resolved for the model's device
+        and this process's torch threads, the config's batch and slot sizes."""
+        model = self.recognizer.model
+        return self.config.decode.engine_config(device=str(model.device), dtype=model.dtype,
+                                                threads=torch.get_num_threads(),
+                                                max_batch_size=self.config.max_batch_size,
+                                                max_seq_len=self.max_seq_len)
+
+    @property
+    def loop(self) -> EngineLoop:
+        """The long-lived engine loop (started on first use; `close()` stops it)."""
+        with self._loop_lock:
+            return self._loop or self._start_loop()
+
+    def _start_loop(self) -> EngineLoop:
+        from gravityocr.model.engine import Engine
+        from gravityocr.model.engine.loop import EngineLoop
+
+        model, processor, config = self.recognizer.model, self.recognizer.processor, self.engine_config
+        self._loop = EngineLoop(lambda: Engine(model, config, processor.eos_token_ids,
+                                               draft_rules=processor.draft_rules), on_step=self._on_step)
+        weakref.finalize(self, self._loop.stop)  # a recogniser dropped unclosed stops its thread too
+        return self._loop
+
+    def close(self) -> None:
+        """Stop the engine loop (its thread); crops still in flight fail with an error."""
+        with self._loop_lock:
+            if self._loop is not None:
+                self._loop.stop()
+                self._loop = None
+
+    def __enter__(self) -> "CropRecognizer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def submit(self, crops: Sequence[tuple[Image.Image, str]], submit: Submit | None = None) -> list[Future]:
+        """One future per crop, in order, each resolving to its CropResult (never raising).
+        A crop the processor refuses (too small, too elongated, too large for a slot) or that
+        its caller abandoned comes back with `error` set. The crops go to the engine together
+        (`submit`, default: this recogniser's loop's `submit_all`), so they join it in one step."""
+        from gravityocr.model.engine import Request
+
+        futures: list[Future | None] = [None] * len(crops)
+        requests: dict[int, Request] = {}
         processor = self.recognizer.processor
         for index, (image, task) in enumerate(crops):
             try:
                 prompt = processor.encode(image, task)
+                budget = self._budget(prompt, task)
             except InvalidInput as error:
-                results[index] = CropResult("", error=str(error))
+                futures[index] = _done(CropResult("", error=str(error)))
                 continue
-            room = self.context - prompt.length
-            if room < 1:
-                results[index] = CropResult("", error=f"crop needs {prompt.length} prompt tokens, more than the "
-                                                      f"model's context of {self.context}")
-                continue
-            budget = min(self.config.max_new_tokens[task], processor.output_budget(prompt), room)
-            jobs.append(_Job(index, prompt, budget))
-        for index, result in self._decode(jobs).items():
-            results[index] = result
-        return results  # type: ignore[return-value]
+            if self.config.decoder == "reference":
+                futures[index] = _done(self._decode_alone(prompt, budget))
+            else:
+                requests[index] = Request(str(index), prompt, budget)
+        if requests:
+            try:
+                engine_futures = (submit or self.loop.submit_all)(list(requests.values()))
+            except Exception as error:  # noqa: BLE001 - e.g. serve's RequestAbandoned: these crops fail alone
+                engine_futures = [_failed(error) for _ in requests]
+            for index, engine_future in zip(requests, engine_futures):
+                futures[index] = self._crop_future(engine_future)
+        return futures  # type: ignore[return-value]
 
-    # --- the one place that knows how decoding is done ---------------------------------
+    def recognize(self, crops: Sequence[tuple[Image.Image, str]], submit: Submit | None = None) -> list[CropResult]:
+        """Text of every crop, in order (see `submit`)."""
+        return [future.result() for future in self.submit(crops, submit)]
 
-    def _decode(self, jobs: list[_Job]) -> dict[int, CropResult]:
-        if not jobs:
-            return {}
-        if self.decoder == "engine":
-            return self._decode_with_engine(jobs)
-        return self._decode_one_by_one(jobs)
+    # --- one crop ------------------------------------------------------------------------
+
+    def _budget(self, prompt: EncodedPrompt, task: str) -> int:
+        """Tokens the crop may write: its task's cap, what its size can hold, what its slot leaves."""
+        room = self.max_seq_len - prompt.length
+        if room < 1:
+            raise InvalidInput(f"crop needs {prompt.length} prompt tokens, more than the {self.max_seq_len} "
+                               "one crop may take")
+        return min(self.config.max_new_tokens[task], self.recognizer.processor.output_budget(prompt), room)
+
+    def _crop_future(self, engine_future: Future) -> Future:
+        """A future of the CropResult that the engine's future of a RequestResult leads to."""
+        out: Future = Future()
+
+        def settle(done: Future) -> None:
+            try:
+                finished = done.result()
+            except CancelledError:
+                out.set_result(CropResult("", error="the request was abandoned"))
+            except Exception as error:  # noqa: BLE001 - the engine's error for this crop
+                out.set_result(CropResult("", error=str(error)))
+            else:
+                out.set_result(self._finish(finished.token_ids, finished.stats, finished.finish_reason))
+
+        engine_future.add_done_callback(settle)
+        return out
 
     def _finish(self, token_ids: list[int], stats: DecodeStats, finish_reason: str) -> CropResult:
         """The crop's text; a loop cut by the stopping rule is shown once (model/stopping.py)."""
@@ -144,43 +220,27 @@ class CropRecognizer:
             token_ids = without_loop(token_ids)
         return CropResult(self.recognizer.processor.decode(token_ids), stats, finish_reason)
 
-    def _decode_with_engine(self, jobs: list[_Job]) -> dict[int, CropResult]:
-        from gravityocr.model.engine import Engine, Request
+    def _decode_alone(self, prompt: EncodedPrompt, budget: int) -> CropResult:
+        model, processor, decode = self.recognizer.model, self.recognizer.processor, self.config.decode
+        eos = set(processor.eos_token_ids)
+        try:
+            if decode.mode == "spec":
+                decoded = speculative_decode(model, prompt, budget, eos, decode.block_size,
+                                             draft_rules=processor.draft_rules)
+            else:
+                decoded = greedy_decode(model, prompt, budget, eos)
+        except ValueError as error:
+            return CropResult("", error=str(error))
+        return self._finish(decoded.token_ids, decoded.stats, decoded.finish_reason)
 
-        model = self.recognizer.model
-        longest = max(job.prompt.length + job.max_new_tokens for job in jobs)
-        config = self.config.decode.engine_config(device=str(model.device), dtype=model.dtype,
-                                                  threads=torch.get_num_threads(),
-                                                  max_batch_size=min(self.config.max_batch_size, len(jobs)),
-                                                  max_seq_len=min(longest, self.context))
-        engine = Engine(model, config, eos_token_ids=self.recognizer.processor.eos_token_ids,
-                        draft_rules=self.recognizer.processor.draft_rules)
-        results: dict[int, CropResult] = {}
-        for job in jobs:
-            try:
-                engine.add_request(Request(str(job.index), job.prompt, job.max_new_tokens))
-            except (InvalidInput, ValueError) as error:
-                results[job.index] = CropResult("", error=str(error))
-        while engine.has_work():
-            for finished in engine.step():
-                results[int(finished.request_id)] = self._finish(finished.token_ids, finished.stats,
-                                                                 finished.finish_reason)
-        return results
 
-    def _decode_one_by_one(self, jobs: list[_Job]) -> dict[int, CropResult]:
-        model = self.recognizer.model
-        eos = set(self.recognizer.processor.eos_token_ids)
-        decode = self.config.decode
-        results: dict[int, CropResult] = {}
-        for job in jobs:
-            try:
-                if decode.mode == "spec":
-                    decoded = speculative_decode(model, job.prompt, job.max_new_tokens, eos, decode.block_size,
-                                                 draft_rules=self.recognizer.processor.draft_rules)
-                else:
-                    decoded = greedy_decode(model, job.prompt, job.max_new_tokens, eos)
-            except ValueError as error:
-                results[job.index] = CropResult("", error=str(error))
-                continue
-            results[job.index] = self._finish(decoded.token_ids, decoded.stats, decoded.finish_reason)
-        return results
+def _failed(error: BaseException) -> Future:
+    future: Future = Future()
+    future.set_exception(error)
+    return future
+
+
+def _done(result: CropResult) -> Future:
+    future: Future = Future()
+    future.set_result(result)
+    return future

@@ -167,7 +167,7 @@ class _OcrWork:
             pages = list(document.pages())
         except DocumentError as error:
             raise HTTPProblem(DOCUMENT_ERROR_STATUS.get(error.reason, 422), f"{error.reason}: {error.message}") from None
-        results = self.service.page_reader(engine_requests).read_pages(pages)
+        results = self.service.pages.read_pages(pages, submit=engine_requests.submit_all)
         stats = [region.stats for page in results for region in page.regions if region.stats]
         committed = sum(s["committed_tokens"] for s in stats)
         passes = sum(s["forward_passes"] for s in stats)
@@ -299,43 +299,26 @@ class OcrService:
         import torch
 
         from ..model.devices import resolve_device
-        from ..model.engine import Engine
-        from ..model.engine.loop import EngineLoop
         from ..model.loading import DEFAULT_MODEL_DIR, load_recognizer
-        from ..pipelines.layout import make_layout, make_line_splitter
-        from ..pipelines.page_ocr import PageOcrConfig
-        from ..pipelines.recognizer import RecognizerConfig
+        from ..pipelines.page_ocr import PageOcr, PageOcrConfig
+        from ..pipelines.recognizer import CropRecognizer, RecognizerConfig
 
         torch.set_num_threads(self.settings.threads)
         device, dtype = resolve_device(self.settings.device, self.settings.dtype)
         recognizer = load_recognizer(self.settings.model or DEFAULT_MODEL_DIR, dtype=dtype, device=device)
-        model = recognizer.model
-        context = model.config.text_config.max_position_embeddings
-        self.crop_config = RecognizerConfig(decode=self.settings.decode).capped(self.settings.max_new_tokens)
-        engine_config = self.settings.decode.engine_config(device=str(model.device), dtype=model.dtype,
-                                                           threads=self.settings.threads,
-                                                           max_batch_size=self.settings.max_batch_size,
-                                                           max_seq_len=min(self.settings.max_seq_len, context))
-        self.loop = EngineLoop(lambda: Engine(model, engine_config, recognizer.processor.eos_token_ids,
-                                              draft_rules=recognizer.processor.draft_rules),
-                               on_step=_record_engine_step)
+        config = RecognizerConfig(decode=self.settings.decode, max_batch_size=self.settings.max_batch_size,
+                                  max_seq_len=self.settings.max_seq_len).capped(self.settings.max_new_tokens)
+        # One engine loop for the replica: the crops of every /v1/ocr request and every chat
+        # completion decode in the same rounds.
+        self.crops = CropRecognizer(recognizer, config, on_step=_record_engine_step)
+        self.loop = self.crops.loop
         metrics.engine_actor_started(device)
         self.recognizer = recognizer
-        self.engine_config = engine_config
-        self.decode = self.settings.decode.resolved(str(model.device), self.settings.threads)  # the cap written out
-        self.page_config = PageOcrConfig(dpi=self.settings.dpi, layout=self.settings.layout, lines=self.settings.lines)
-        self.layout = make_layout(self.page_config.layout)
-        self.lines = make_line_splitter(self.page_config.lines)
+        self.engine_config = self.crops.engine_config
+        self.decode = self.settings.decode.resolved(str(recognizer.model.device), self.settings.threads)  # the cap written out
+        self.pages = PageOcr(self.crops, PageOcrConfig(dpi=self.settings.dpi, layout=self.settings.layout,
+                                                       lines=self.settings.lines))
         self.ready = True
-
-    def page_reader(self, engine_requests: EngineRequests):
-        """A page reader whose crops go to the shared engine as one HTTP request's."""
-        from ..pipelines.page_ocr import PageOcr
-        from .recognition import SharedEngineRecognizer
-
-        crops = SharedEngineRecognizer(self.recognizer, self.crop_config, engine_requests,
-                                       self.engine_config.max_seq_len)
-        return PageOcr(crops, self.page_config, layout=self.layout, lines=self.lines)
 
     # --- plumbing shared by the endpoints ------------------------------------------------
 

@@ -35,6 +35,15 @@ class EngineRequests:
             self._futures.append(future)
             return future
 
+    def submit_all(self, requests: list[Request]) -> list[Future]:
+        """`EngineLoop.submit_all` for requests of this HTTP request."""
+        with self._lock:
+            if self._abandoned:
+                raise RequestAbandoned("the HTTP request was abandoned (timed out or its client went away)")
+            futures = self.loop.submit_all(requests)
+            self._futures += futures
+            return futures
+
     def abandon(self) -> int:
         """Withdraw every unfinished request; returns how many were withdrawn."""
         with self._lock:

@@ -60,7 +60,7 @@ def _validator(name: str) -> jsonschema.Draft202012Validator:
     return jsonschema.Draft202012Validator(schema, registry=registry)
 
 
-def _recognizer(decoder: str = "auto", **decode) -> CropRecognizer:
+def _recognizer(decoder: str = "engine", **decode) -> CropRecognizer:
     config = RecognizerConfig(DecodeSettings(**decode), decoder=decoder)
     return CropRecognizer(tiny_recognizer(), config.capped(MAX_NEW_TOKENS))
 
@@ -293,7 +293,6 @@ def test_recognizer_settings_are_checked():
 
 
 def test_engine_and_reference_decoders_agree():
-    pytest.importorskip("gravityocr.model.engine")
     page = table_formula_page(seed=40).image
     crops = [(page.crop((110, 150, 700, 200)), "text"), (page.crop((250, 300, 990, 500)), "table"),
              (page.crop((530, 630, 710, 720)), "formula")]
@@ -309,6 +308,36 @@ def test_engine_and_reference_decoders_agree():
     capped = _recognizer(decoder="engine", speculative_max_batch=1).recognize(crops)
     assert [r.text for r in capped] == [r.text for r in speculating]
     assert sum(r.stats.forward_passes for r in capped) > sum(r.stats.forward_passes for r in speculating)
+
+
+def test_crops_of_concurrent_callers_share_the_engine_rounds():
+    """One long-lived engine per recogniser: two page batches submitted from two threads at
+    once decode in the same rounds, and each crop reads what the reference decoder reads."""
+    import threading
+
+    page = table_formula_page(seed=41).image
+    batches = [[(page.crop((110, 150 + 60 * i, 700, 200 + 60 * i)), "text") for i in range(3)],
+               [(page.crop((250, 300, 990, 500)), "table"), (page.crop((530, 630, 710, 720)), "formula")]]
+    with _recognizer(speculative_max_batch=0) as recognizer:
+        results = [None, None]
+        barrier = threading.Barrier(2)
+
+        def read(index: int) -> None:
+            futures = recognizer.submit(batches[index])
+            barrier.wait()
+            results[index] = [future.result() for future in futures]
+
+        threads = [threading.Thread(target=read, args=(i,)) for i in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        peak = recognizer.loop.peak_batch_size
+    reference = _recognizer(decoder="reference")
+    for batch, read in zip(batches, results):
+        assert [r.text for r in read] == [r.text for r in reference.recognize(batch)]
+        assert all(r.ok and r.stats.committed_tokens > 0 for r in read)
+    assert peak > max(len(batch) for batch in batches)  # the two callers' crops were in one round
 
 
 # --- the CLI ----------------------------------------------------------------------------------

@@ -385,22 +385,20 @@ def test_abandoned_page_crops_come_back_as_errors_and_leave_the_engine(never_end
     decoded, and the page reader's thread ends with an error per crop instead of decoding."""
     import threading
 
-    from gravityocr.model.engine import Engine, EngineConfig
-    from gravityocr.model.engine.loop import EngineLoop
+    from gravityocr.pipelines.recognizer import CropRecognizer
     from gravityocr.serve.engine_requests import EngineRequests, RequestAbandoned
-    from gravityocr.serve.recognition import SharedEngineRecognizer
 
-    recognizer = load_recognizer(never_ending_model)
-    eos = recognizer.processor.eos_token_ids
-    loop = EngineLoop(lambda: Engine(recognizer.model, EngineConfig(max_batch_size=4, max_seq_len=4096), eos))
+    config = RecognizerConfig(max_new_tokens={"text": LONG_DECODE, "table": LONG_DECODE, "formula": LONG_DECODE},
+                              max_batch_size=4, max_seq_len=4096)
+    crops = CropRecognizer(load_recognizer(never_ending_model), config)
+    loop = crops.loop
     try:
         engine_requests = EngineRequests(loop)
-        config = RecognizerConfig(max_new_tokens={"text": LONG_DECODE, "table": LONG_DECODE, "formula": LONG_DECODE})
-        crops = SharedEngineRecognizer(recognizer, config, engine_requests, max_seq_len=4096)
         results = []
         reader = threading.Thread(target=lambda: results.extend(
             # tables: their output is never cut as a loop (model/stopping.py), so each decodes on
-            crops.recognize([(random_image(20 + i, 336, 224), "table") for i in range(3)])))
+            crops.recognize([(random_image(20 + i, 336, 224), "table") for i in range(3)],
+                            submit=engine_requests.submit_all)))
         reader.start()
         for _ in range(600):
             if loop.stats().batch_size == 3:
@@ -409,7 +407,7 @@ def test_abandoned_page_crops_come_back_as_errors_and_leave_the_engine(never_end
         assert engine_requests.abandon() == 3
         reader.join(60)
         assert not reader.is_alive()
-        assert [r.error for r in results] == ["the HTTP request was abandoned"] * 3
+        assert [r.error for r in results] == ["the request was abandoned"] * 3
         with pytest.raises(RequestAbandoned):
             engine_requests.submit(None)
         for _ in range(600):
@@ -419,7 +417,7 @@ def test_abandoned_page_crops_come_back_as_errors_and_leave_the_engine(never_end
             time.sleep(0.05)
         assert (stats.aborted_requests, stats.finished_requests, stats.waiting) == (3, 0, 0)
     finally:
-        loop.stop()
+        crops.close()
 
 
 def _sse_events(response) -> list:

@@ -1,10 +1,11 @@
 """The decoding engine: continuous batching of self-speculative (or plain AR) decoding.
 
 One `step()` is one round for every running sequence: admit waiting requests into free
-slots (one batched prefill, which also drafts each newcomer's first round), then draft +
-verify every running sequence together (a newcomer verifies its prefill's drafts), or one
-AR token each (AR mode, or a batch past EngineConfig.speculative_max_batch), commit, and
-hand back the sequences that finished. The output of every request is token for token
+slots (one batched prefill, which also drafts each newcomer's first round), then a
+speculative round for every running sequence together (a newcomer verifies its prefill's
+drafts), or one AR token each (AR mode, or a batch past EngineConfig.speculative_max_batch)
+(model/engine/rounds.py); the scheduler applies each sequence's outcome and frees the
+slots of those that finished, which are handed back. The output of every request is token for token
 what `decoding.greedy_decode` writes for it alone.
 
 Single-threaded and synchronous on purpose: a Ray actor or a Serve replica owns one
@@ -21,7 +22,7 @@ import torch
 
 from ..decoding import first_block
 from ..draft_rules import DraftRules
-from ..structured_drafts import kept_to_structure
+from . import rounds
 from .config import EngineConfig
 from .runner import ModelRunner
 from .scheduler import Scheduler
@@ -80,7 +81,7 @@ class Engine:
         self._structured_classic_drafts = (draft_rules is not None
                                            and torch.device(self.config.device).type == "cpu")
         self.runner = ModelRunner(self.model, self.config)
-        self.scheduler = Scheduler(self.config.max_batch_size)
+        self.scheduler = Scheduler(self.runner.cache, self.config.max_batch_size)
         self._stats = EngineStats()
         self._sequences: dict[str, Sequence] = {}  # by request id: waiting or running
 
@@ -104,7 +105,7 @@ class Engine:
         if sequence.slot < 0:  # not admitted yet
             self.scheduler.withdraw(sequence)
         else:
-            self._free_slot(sequence)
+            self.scheduler.release(sequence)
         self._stats.aborted_requests += 1
         return True
 
@@ -118,25 +119,27 @@ class Engine:
     def step(self) -> list[RequestResult]:
         """Admit waiting requests, run one round for every running sequence; returns the
         requests that finished in this step."""
-        finished: list[RequestResult] = []
+        finished = []
         newcomers = self.scheduler.admit()
         if newcomers:
-            self._prefill(newcomers, finished)
+            finished += self._prefill(newcomers)
         running = list(self.scheduler.running)
         if running:
             start, cpu_start = time.perf_counter(), time.process_time()
-            if self.config.speculates(len(running)):
-                self._speculative_round(running)
-            else:
-                self._ar_round(running)
+            speculative = self.config.speculates(len(running))
+            outcomes = rounds.speculative(self.runner, running, self.config.block_size, self.config.adaptive_block,
+                                          self._structured_classic_drafts) if speculative \
+                else rounds.ar(self.runner, running)
+            self._apply(running, outcomes, in_decode=True)
             elapsed = time.perf_counter() - start
             self._stats.rounds += 1
+            self._stats.ar_rounds += not speculative
             self._stats.decode_seconds += elapsed
             self._stats.decode_cpu_seconds += time.process_time() - cpu_start
             for sequence in running:
                 sequence.timings.decode_seconds += elapsed
-            self._finish_all([s for s in running if s.finished], finished)
-        return finished
+            finished += self.scheduler.release_finished(running)
+        return [self._result(sequence) for sequence in finished]
 
     def generate(self, requests: list[Request]) -> list[RequestResult]:
         """Decode all `requests` to the end; results in request order."""
@@ -167,87 +170,35 @@ class Engine:
         if request.request_id in self._sequences:
             raise ValueError(f"request id {request.request_id!r} is already queued or running")
 
-    # --- one round --------------------------------------------------------------------
+    # --- one step -------------------------------------------------------------------------
 
-    def _prefill(self, newcomers: list[Sequence], finished: list[RequestResult]) -> None:
+    def _prefill(self, newcomers: list[Sequence]) -> list[Sequence]:
+        """The newcomers' prefill (drafting their first round where it is speculative); returns
+        those it finished."""
         start = time.perf_counter()
-        # Drafts for the first round only where that round is speculative (newcomers are running already).
-        speculating = self.config.speculates(len(self.scheduler.running))
+        speculating = self.config.speculates(len(self.scheduler.running))  # newcomers are running already
         blocks = [first_block(self.config.block_size, s.max_new_tokens) if speculating else 0 for s in newcomers]
-        output = self.runner.prefill(newcomers, blocks)
+        outcomes = rounds.prefill(self.runner, newcomers, blocks)
         elapsed = time.perf_counter() - start
         self._stats.prefill_seconds += elapsed
-        for i, sequence in enumerate(newcomers):
+        for sequence in newcomers:
             sequence.timings.queue_seconds = start - sequence.added_at
             sequence.timings.prefill_seconds = elapsed
-            self._count_pass(sequence)
-            self._commit(sequence, [output.first_tokens[i]], in_decode=False)
-            sequence.drafts = output.drafts[i]
-        self._finish_all([s for s in newcomers if s.finished], finished)
+        self._apply(newcomers, outcomes, in_decode=False)
+        return self.scheduler.release_finished(newcomers)
 
-    def _speculative_round(self, running: list[Sequence]) -> None:
-        for sequence in running:  # drafts from the prefill: verified first
-            if sequence.drafts:
-                room = max(0, sequence.max_new_tokens - len(sequence.tokens) - 1)  # drafts beyond the bonus
-                sequence.drafts = kept_to_structure(sequence.shape, sequence.drafts[:room])
-        blocks = [s.next_block(self.config.block_size, self.config.adaptive_block) for s in running]
-        shapes = [s.shape for s in running] if self._structured_classic_drafts else None
-        output = self.runner.speculative_round(running, blocks, shapes)
-        for sequence, y, accepted, after_y in zip(running, output.y, output.accepted, output.after_y):
-            if y is None:  # verified the drafts it came with: no draft pass of its own
-                sequence.drafts = []
-            else:
-                self._count_pass(sequence)  # draft
-                self._commit(sequence, [y])
-                if sequence.finished:  # the reference stops here: its verify pass never ran
-                    sequence.stats.accepted_per_round.append(0)
-                    continue
-            self._count_pass(sequence)  # verify
-            accepted = min(accepted, self._commit(sequence, after_y))  # none past an eos or the length
-            sequence.stats.accepted_per_round.append(accepted)
-            sequence.recent_accepted.append(accepted)
+    def _apply(self, sequences: list[Sequence], outcomes: list[rounds.Outcome], in_decode: bool) -> None:
+        for sequence, outcome in zip(sequences, outcomes):
+            passes, committed = self.scheduler.apply(sequence, outcome)
+            self._stats.forward_passes += passes
+            self._stats.committed_tokens += committed
+            if in_decode:
+                self._stats.decode_tokens += committed
 
-    def _ar_round(self, running: list[Sequence]) -> None:
-        for sequence, token in zip(running, self.runner.ar_round(running)):
-            self._count_pass(sequence)
-            sequence.stats.ar_rounds += 1
-            self._commit(sequence, [token])
-            # A speculative sequence's pending drafts were for the token just committed and
-            # those after it: a later speculative round drafts afresh.
-            sequence.drafts = []
-        self._stats.ar_rounds += 1
-
-    def _count_pass(self, sequence: Sequence) -> None:
-        sequence.stats.forward_passes += 1
-        self._stats.forward_passes += 1
-
-    def _commit(self, sequence: Sequence, tokens: list[int], in_decode: bool = True) -> int:
-        """Commit tokens until the sequence finishes; returns how many were committed."""
-        before = len(sequence.tokens)
-        sequence.commit(tokens)
-        added = len(sequence.tokens) - before
-        self._stats.committed_tokens += added
-        if in_decode:
-            self._stats.decode_tokens += added
-        return added
-
-    def _finish_all(self, done: list[Sequence], finished: list[RequestResult]) -> None:
-        # Highest slot first: a finished sequence in the last slot then never moves.
-        for sequence in sorted(done, key=lambda s: s.slot, reverse=True):
-            finished.append(self._finish(sequence))
-
-    def _finish(self, sequence: Sequence) -> RequestResult:
-        self._free_slot(sequence)
+    def _result(self, sequence: Sequence) -> RequestResult:
         self._sequences.pop(sequence.request.request_id, None)
         self._stats.finished_requests += 1
         return sequence.result(self._decode_text(sequence.tokens))
-
-    def _free_slot(self, sequence: Sequence) -> None:
-        self.runner.cache.lengths[sequence.slot] = 0
-        moved = self.scheduler.release(sequence)
-        if moved is not None:  # the last slot's sequence took the freed slot: its KV follows
-            moved_sequence, moved_from = moved
-            self.runner.cache.move(moved_from, moved_sequence.slot)
 
     def _decode_text(self, token_ids: list[int]) -> str | None:
         if self.tokenizer is None:

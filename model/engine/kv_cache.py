@@ -71,7 +71,9 @@ class SlotKVCache:
         # uninitialised memory could hold NaN, which would turn that 0 into NaN.
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.lengths = [0] * max_slots  # host-side: the engine's accounting of each slot
+        # host-side: tokens of KV that belong to each slot's sequence; written only by the
+        # methods below (`keep`, `free`, `move`)
+        self.lengths = [0] * max_slots
         self.capacity = capacity
         self.device = device
         self._rows: torch.Tensor | None = None
@@ -109,6 +111,17 @@ class SlotKVCache:
         values[self._rows, :, self._write_positions] = value_states.transpose(1, 2).to(values.dtype)
         rows = slice(self._first_slot, self._first_slot + self._rows.shape[0])
         return keys[rows, :, :self._read_len], values[rows, :, :self._read_len]
+
+    def keep(self, slot: int, length: int) -> None:
+        """The slot's first `length` tokens' KV is its sequence's: a pass's new KV up to there
+        is committed, anything after it (masks, rejected drafts, padding) rolled back."""
+        if not 0 <= length <= self.capacity:
+            raise ValueError(f"slot {slot}: cannot keep {length} tokens of a {self.capacity}-token slot")
+        self.lengths[slot] = length
+
+    def free(self, slot: int) -> None:
+        """The slot holds no sequence any more."""
+        self.lengths[slot] = 0
 
     def move(self, source: int, destination: int) -> None:
         """Move a sequence's KV to another slot (compaction after a sequence finishes)."""

@@ -34,7 +34,8 @@ class EngineLoop:
         self._factory = engine_factory
         self._on_step = on_step
         self._engine: Engine = engine_factory()
-        self._incoming: queue.Queue[tuple[Request, Future, TokenListener | None]] = queue.Queue()
+        # each item: the requests of one submit call, admitted in the same step
+        self._incoming: queue.Queue[list[tuple[Request, Future, TokenListener | None]]] = queue.Queue()
         self._futures: dict[str, Future] = {}
         self._listeners: dict[str, tuple[TokenListener, int]] = {}  # request id -> (listener, tokens sent)
         self._ids = itertools.count()
@@ -49,13 +50,22 @@ class EngineLoop:
         RequestResult, or raises the engine's error for it (e.g. RequestTooLong).
         `future.cancel()` withdraws the request, waiting or running. `on_tokens`, if given,
         gets the committed tokens as they come, round by round."""
-        future: Future = Future()
+        return self._queue([(request, on_tokens)])[0]
+
+    def submit_all(self, requests: list[Request]) -> list[Future]:
+        """Queue `requests` together: they join the engine in the same step (as far as slots
+        allow, in order), so one caller's batch is scheduled the same way whenever it comes."""
+        return self._queue([(request, None) for request in requests])
+
+    def _queue(self, items: list[tuple[Request, TokenListener | None]]) -> list[Future]:
+        futures = [Future() for _ in items]
         if self._stopped.is_set():
-            future.set_exception(RuntimeError("the engine loop is stopped"))
-            return future
-        request = Request(f"loop-{next(self._ids)}", request.prompt, request.max_new_tokens)
-        self._incoming.put((request, future, on_tokens))
-        return future
+            for future in futures:
+                future.set_exception(RuntimeError("the engine loop is stopped"))
+            return futures
+        self._incoming.put([(Request(f"loop-{next(self._ids)}", request.prompt, request.max_new_tokens), future,
+                             on_tokens) for (request, on_tokens), future in zip(items, futures)])
+        return futures
 
     def generate(self, requests: list[Request], timeout: float | None = None) -> list[RequestResult]:
         futures = [self.submit(r) for r in requests]
@@ -63,7 +73,8 @@ class EngineLoop:
 
     def stats(self) -> EngineStats:
         stats = self._engine.stats()
-        stats.waiting += self._incoming.qsize()
+        with self._incoming.mutex:  # requests submitted, not yet handed to the engine
+            stats.waiting += sum(len(items) for items in self._incoming.queue)
         stats.aborted_requests += self._cancelled_before_admission
         return stats
 
@@ -73,14 +84,14 @@ class EngineLoop:
 
     def _admit(self, block: bool) -> None:
         try:
-            item = self._incoming.get(timeout=0.05) if block else self._incoming.get_nowait()
+            items = self._incoming.get(timeout=0.05) if block else self._incoming.get_nowait()
         except queue.Empty:
             return
         while True:
-            request, future, on_tokens = item
-            if future.cancelled():
-                self._cancelled_before_admission += 1
-            else:
+            for request, future, on_tokens in items:
+                if future.cancelled():
+                    self._cancelled_before_admission += 1
+                    continue
                 try:
                     self._engine.add_request(request)
                     self._futures[request.request_id] = future
@@ -89,7 +100,7 @@ class EngineLoop:
                 except Exception as error:  # noqa: BLE001 - refused requests fail alone
                     _resolve(future, error=error)
             try:
-                item = self._incoming.get_nowait()
+                items = self._incoming.get_nowait()
             except queue.Empty:
                 return
 

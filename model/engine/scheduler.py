@@ -1,23 +1,30 @@
-"""Which sequences run: a FIFO of waiting requests and a fixed set of cache slots.
+"""Which sequences run, and what a round does to them.
 
-Continuous batching: a finished sequence gives its slot back at once and the next
-waiting request is admitted before the next round, so short lines never wait for a long
-table in the same batch to end.
+Continuous batching: a FIFO of waiting requests and a fixed set of cache slots; a
+finished sequence gives its slot back at once and the next waiting request is admitted
+before the next round, so short lines never wait for a long table in the same batch to end.
 
 Running sequences always fill slots 0..n-1 (`running[i].slot == i`): when one finishes,
-the sequence in the last slot moves into its place (the engine copies that one KV), so
-every pass reads the cache as a view of its first n slots instead of gathering rows.
+the sequence in the last slot moves into its place (its KV moves with it), so every pass
+reads the cache as a view of its first n slots instead of gathering rows.
+
+`apply` is the one place a round's outcome reaches a sequence: its tokens are committed
+until it finishes (model/stopping.py, the reference decoders' rule), its statistics
+counted as the reference counts them, and its slot keeps the KV of committed tokens only.
 """
 
 from __future__ import annotations
 
 from collections import deque
 
+from .kv_cache import SlotKVCache
+from .rounds import Outcome
 from .sequence import Sequence
 
 
 class Scheduler:
-    def __init__(self, max_slots: int):
+    def __init__(self, cache: SlotKVCache, max_slots: int):
+        self.cache = cache
         self.max_slots = max_slots
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # running[i] occupies slot i
@@ -35,19 +42,51 @@ class Scheduler:
             admitted.append(sequence)
         return admitted
 
+    def apply(self, sequence: Sequence, outcome: Outcome) -> tuple[int, int]:
+        """Commit one round's outcome; returns (forward passes, tokens committed) for it.
+        A sequence that finishes at its draft pass's y never ran its verify pass, as in the
+        reference: that pass is not counted and its accepted count is 0."""
+        before, passes = len(sequence.tokens), 0
+        if outcome.y is not None:
+            passes += 1  # its own draft pass
+            sequence.commit([outcome.y])
+        if outcome.y is not None and sequence.finished:
+            sequence.stats.accepted_per_round.append(0)
+        else:
+            passes += 1
+            committed_before = len(sequence.tokens)
+            sequence.commit(outcome.tokens)
+            if outcome.accepted is not None:  # none past an eos or the length
+                accepted = min(outcome.accepted, len(sequence.tokens) - committed_before)
+                sequence.stats.accepted_per_round.append(accepted)
+                sequence.recent_accepted.append(accepted)
+        sequence.stats.forward_passes += passes
+        sequence.stats.ar_rounds += outcome.ar
+        sequence.drafts = outcome.drafts
+        self.cache.keep(sequence.slot, outcome.kv_length)
+        return passes, len(sequence.tokens) - before
+
+    def release_finished(self, sequences: list[Sequence]) -> list[Sequence]:
+        """Free the slots of those of `sequences` that are finished; returns them."""
+        # Highest slot first: a finished sequence in the last slot then never moves.
+        done = sorted((s for s in sequences if s.finished), key=lambda s: s.slot, reverse=True)
+        for sequence in done:
+            self.release(sequence)
+        return done
+
+    def release(self, sequence: Sequence) -> None:
+        """Free `sequence`'s slot (finished or aborted); the sequence in the last slot moves
+        into it, its KV with it."""
+        freed, last = sequence.slot, self.running.pop()
+        self.cache.free(freed)
+        if last is not sequence:
+            moved_from, last.slot = last.slot, freed
+            self.running[freed] = last
+            self.cache.move(moved_from, freed)
+
     def withdraw(self, sequence: Sequence) -> None:
         """Take a sequence that was never admitted out of the queue."""
         self.waiting = deque(s for s in self.waiting if s is not sequence)
-
-    def release(self, sequence: Sequence) -> tuple[Sequence, int] | None:
-        """Free `sequence`'s slot; if another sequence moved into it, return that one and
-        the slot it left (its KV must follow)."""
-        freed, last = sequence.slot, self.running.pop()
-        if last is sequence:
-            return None
-        moved_from, last.slot = last.slot, freed
-        self.running[freed] = last
-        return last, moved_from
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)

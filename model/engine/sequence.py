@@ -91,8 +91,6 @@ class Sequence:
         """Draft block for the next round. Never longer than what may still be committed
         after y (as in `speculative_decode`); with `adaptive`, about twice the recent
         acceptance, so a sequence whose drafts keep failing stops paying for long blocks."""
-        if self.drafts:  # the first round verifies [x, the prefill's drafts]
-            return 1 + len(self.drafts)
         block = block_size
         if adaptive and self.recent_accepted:
             mean = sum(self.recent_accepted) / len(self.recent_accepted)
