@@ -23,12 +23,12 @@ from pathlib import Path
 
 import torch
 
-from ..model.evaluation import evaluate
-from ..model.joint_loss import Objective
-from ..model.loading import DEFAULT_MODEL_DIR, load_recognizer
-from ..model.manifest import write_synthetic_set
-from ..model.synthetic import stage_by_name
-from ..model.training import CurriculumPhase, TrainConfig, Trainer
+from gravityocr.model.evaluation.report import evaluate
+from gravityocr.model.training.joint_loss import Objective
+from gravityocr.model.network.loading import DEFAULT_MODEL_DIR, load_recognizer
+from gravityocr.model.evaluation.manifest import write_synthetic_set
+from gravityocr.model.training.synthetic import stage_by_name
+from gravityocr.model.training.train import CurriculumPhase, TrainConfig, Trainer
 
 HELDOUT_SEED = 10**9 + 500_000  # above every training seed and apart from data/heldout's
 ARMS = (Objective.JOINT, Objective.AR_ONLY, Objective.NO_AR)

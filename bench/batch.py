@@ -16,9 +16,9 @@ import threading
 import time
 from pathlib import Path
 
-from ..model.decode_settings import DecodeSettings
-from ..pipelines import synthetic_pages
-from ..pipelines.batch_job import BatchJobConfig, run_batch_job
+from gravityocr.model.decode.settings import DecodeSettings
+from gravityocr.bench import synthetic_pages
+from gravityocr.pipelines.batch_job import BatchJobConfig, run_batch_job
 
 
 def _rss_bytes(pid: int) -> int:

@@ -7,7 +7,7 @@ are the same work in both modes). `exact` says whether every spec output equals 
 output. Hugging Face `generate()` greedy and prompt-lookup decoding at batch 1 on a few
 items are outside reference points ("peers"). Prints figures; never judges them.
 
-The decoding flags are every command's (model/decode_settings.py); each column is those
+The decoding flags are every command's (model/decode/settings.py); each column is those
 settings with what it does not measure turned off: "spec" speculative rounds at every
 batch size, "capped" speculative rounds under --speculative-max-batch, AR rounds above
 (unset here it is 0, every batch size, so there is no such column).
@@ -29,9 +29,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..model.decode_settings import DecodeSettings, add_decode_arguments, decode_settings_from_args
-from ..model.engine import Engine, Request, RequestResult
-from ..model.processor import EncodedPrompt
+from gravityocr.model.decode.settings import DecodeSettings, add_decode_arguments, decode_settings_from_args
+from gravityocr.model.engine import Engine, Request, RequestResult
+from gravityocr.model.network.processor import EncodedPrompt
 
 TASK_OF_TYPE = {"text": "text", "table": "table", "formula": "formula", "page": "text"}
 SYNTHETIC_SIZES = [(112, 56), (224, 56), (84, 84), (168, 112), (280, 56), (140, 140)]  # (width, height)
@@ -57,18 +57,18 @@ class ModeRun:
 def load_model(path: str | None, dtype: torch.dtype):
     """(model, processor, what was loaded): the given path, else the shipped default, else
     the TINY random model (seeded), which is said in the output since its drafts are noise."""
-    from ..model import loading
+    from gravityocr.model.network import loading
 
-    default_dir = getattr(loading, "DEFAULT_MODEL_DIR", Path(loading.__file__).resolve().parent / "default")
+    default_dir = loading.DEFAULT_MODEL_DIR
     if path is None and (Path(default_dir) / "config.json").exists():
         path = str(default_dir)
     if path is not None:
         recognizer = loading.load_recognizer(path, dtype=dtype)
         return recognizer.model, recognizer.processor, f"{path}"
-    from ..model.configs import TINY, build_config
-    from ..model.modeling import GravityOcrForConditionalGeneration
-    from ..model.processor import OcrProcessor, make_image_processor
-    from ..model.tokenizer import build_char_tokenizer
+    from gravityocr.model.network.configs import TINY, build_config
+    from gravityocr.model.network.modeling import GravityOcrForConditionalGeneration
+    from gravityocr.model.network.processor import OcrProcessor, make_image_processor
+    from gravityocr.model.network.tokenizer import build_char_tokenizer
 
     torch.manual_seed(0)
     tokenizer = build_char_tokenizer()
@@ -80,7 +80,7 @@ def load_model(path: str | None, dtype: torch.dtype):
 def _read_manifest(directory: str) -> list[tuple[str, Path, str]]:
     """(id, image path, type) per item of `directory`/manifest.jsonl."""
     try:
-        from ..model.manifest import read_manifest
+        from gravityocr.model.evaluation.manifest import read_manifest
     except ImportError:
         root = Path(directory)
         records = [json.loads(line) for line in (root / "manifest.jsonl").read_text().splitlines() if line.strip()]
@@ -108,23 +108,29 @@ def load_items(processor, data: str | None, limit: int | None) -> tuple[list[Ben
 # --- runs --------------------------------------------------------------------------------
 
 def run_mode(model, eos_ids, items: list[BenchItem], count: int, max_new_tokens: int, decode: DecodeSettings,
-             batch_size: int, threads: int, fixed_block: bool = False, clock: str = "wall", draft_rules=None) -> ModeRun:
+             batch_size: int, threads: int, engine_variant: dict | None = None, clock: str = "wall",
+             draft_rules=None) -> ModeRun:
     """`count` requests cycling through `items`, decoded by a fresh engine with `decode`,
-    `batch_size` slots and `threads` torch threads (`fixed_block`: every round drafts the full
-    block instead of the engine's per-request adaptive block). clock "cpu" divides by the process's CPU time instead of wall time: on
+    `batch_size` slots and `threads` torch threads (`engine_variant`: EngineConfig fields set
+    otherwise than the product does, e.g. fixed blocks or mask drafts instead of reading drafts). clock "cpu" divides by the process's CPU time instead of wall time: on
     a machine shared with other jobs it is the steadier figure, but it counts every thread's
     time, so it cannot show what extra threads buy."""
     requests = [Request(f"{i}", items[i % len(items)].prompt, max_new_tokens) for i in range(count)]
     longest = max(r.prompt.length for r in requests) + max_new_tokens
     config = decode.engine_config(device=str(model.device), dtype=model.dtype, threads=threads,
                                   max_batch_size=batch_size, max_seq_len=longest)
-    if fixed_block:
-        config = dataclasses.replace(config, adaptive_block=False)
+    config = dataclasses.replace(config, **(engine_variant or {}))
     engine = Engine(model, config, eos_ids, draft_rules=draft_rules)
     results = engine.generate(requests)
     stats = engine.stats()
     seconds = stats.decode_cpu_seconds if clock == "cpu" else stats.decode_seconds
     return ModeRun(results, stats.decode_tokens / seconds if seconds else 0.0)
+
+
+def engine_variant(args) -> dict:
+    """The EngineConfig fields the flags set otherwise than the product does."""
+    return {**({"adaptive_block": False} if args.fixed_block else {}),
+            **({"reading_drafts": False} if args.no_reading_drafts else {})}
 
 
 def columns(decode: DecodeSettings) -> dict[str, DecodeSettings]:
@@ -147,7 +153,7 @@ def compare(model, eos_ids, items, batch_size, type_name, args, draft_rules=None
     for _ in range(args.repeats):
         for name, decode in modes.items():
             run = run_mode(model, eos_ids, items, count, args.max_new_tokens, decode, batch_size, args.threads,
-                           args.fixed_block, args.clock, draft_rules)
+                           engine_variant(args), args.clock, draft_rules)
             if name not in best or run.tokens_per_second > best[name].tokens_per_second:
                 best[name] = run
     ar = best["ar"]
@@ -188,7 +194,7 @@ def peers(model, processor, items: list[BenchItem], args) -> dict:
     engine_ar = run_mode(model, processor.eos_token_ids, chosen, len(chosen), args.max_new_tokens, modes["ar"], 1,
                          args.threads, clock=args.clock)
     engine_spec = run_mode(model, processor.eos_token_ids, chosen, len(chosen), args.max_new_tokens, modes["spec"], 1,
-                           args.threads, args.fixed_block, clock=args.clock)
+                           args.threads, engine_variant(args), clock=args.clock)
     now = time.process_time if args.clock == "cpu" else time.perf_counter
     out = {"items": len(chosen),
            "engine_ar_tok_s": round(engine_ar.tokens_per_second, 1),
@@ -223,9 +229,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--fixed-block", action="store_true",
                         help="every round drafts the full block (the engine's default: each request's block "
                              "follows its recent acceptance)")
+    parser.add_argument("--no-reading-drafts", action="store_true",
+                        help="mask drafts in every round, also for a model with a reading prefix (the engine's "
+                             "default there: verify the reading's next tokens, model/decode/reading_drafts.py)")
     parser.add_argument("--no-structured-drafts", action="store_true",
                         help="leave LaTeX command names in formulas to the drafter "
-                             "(model/draft_rules.py keeps a formula's drafts to them)")
+                             "(model/decode/draft_rules.py keeps a formula's drafts to them)")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--limit", type=int, help="only the first N items")
     parser.add_argument("--max-new-tokens", type=int, default=256)
@@ -289,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         "model": model_note,
         "data": data_note,
         "settings": {"threads": args.threads, **args.decode.to_dict(), "fixed_block": args.fixed_block,
+                     "reading_drafts": not args.no_reading_drafts,
                      "structured_drafts": draft_rules is not None,
                      "max_new_tokens": args.max_new_tokens, "dtype": args.dtype, "repeats": args.repeats,
                      "clock": args.clock},

@@ -34,7 +34,7 @@ from PIL import Image
 
 from gravityocr.pipelines.layout import LAYOUT_BACKENDS, LINE_SPLITTERS, layout_page, make_layout, make_line_splitter
 from gravityocr.pipelines.page_ocr import PageOcrConfig
-from gravityocr.pipelines.synthetic_pages import sample_pages
+from gravityocr.bench.synthetic_pages import sample_pages
 
 # Born-digital PDFs with a text layer that Debian installs with common packages.
 DEFAULT_PDFS = (
@@ -130,11 +130,11 @@ def build_recognizer(args):
     if args.random:
         import torch
 
-        from gravityocr.model.configs import SMALL, TINY, build_config
-        from gravityocr.model.loading import Recognizer
-        from gravityocr.model.modeling import GravityOcrForConditionalGeneration
-        from gravityocr.model.processor import OcrProcessor, make_image_processor
-        from gravityocr.model.tokenizer import build_char_tokenizer
+        from gravityocr.model.network.configs import SMALL, TINY, build_config
+        from gravityocr.model.network.loading import Recognizer
+        from gravityocr.model.network.modeling import GravityOcrForConditionalGeneration
+        from gravityocr.model.network.processor import OcrProcessor, make_image_processor
+        from gravityocr.model.network.tokenizer import build_char_tokenizer
 
         tokenizer = build_char_tokenizer()
         torch.manual_seed(0)
@@ -146,7 +146,7 @@ def build_recognizer(args):
         path = Path(args.model) if args.model else default_model_path()
         if not has_weights(path):
             raise SystemExit("no default model found; pass --model PATH or --random tiny")
-        from gravityocr.model.loading import load_recognizer
+        from gravityocr.model.network.loading import load_recognizer
 
         recognizer = load_recognizer(path)
         label = str(path)

@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from gravityocr.model.manifest import ManifestItem, read_manifest
-from gravityocr.model.metrics import score
+from gravityocr.model.evaluation.manifest import ManifestItem, read_manifest
+from gravityocr.model.evaluation.scores import score
 
 DEFAULT_DATA = Path(__file__).resolve().parents[1] / "data" / "real"
 
@@ -61,7 +61,7 @@ def _timed(function):
 # --- ours -------------------------------------------------------------------------------
 
 def ours_lines(recognizer, items: list[ManifestItem]) -> Figures:
-    from gravityocr.model.evaluation import evaluate
+    from gravityocr.model.evaluation.report import evaluate
 
     figures = Figures("gravityocr", "lines")
     _, seconds = _timed(lambda: [evaluate(recognizer, [item], batch_size=1) for item in items[:64]])
@@ -115,7 +115,7 @@ def rapidocr_lines(items: list[ManifestItem]) -> Figures:
 def peer_pages(items: list[ManifestItem]) -> list[Figures]:
     """rapidocr and Tesseract on whole pages, run by `gravityocr bench pages`' own runners,
     scored here with the evaluator's page score."""
-    from .pages import BenchPage, run_rapidocr, run_tesseract
+    from gravityocr.bench.pages import BenchPage, run_rapidocr, run_tesseract
 
     pages = [BenchPage(item.id, item.load_image(), item.text) for item in items]
     out = []
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     import torch
 
-    from gravityocr.model.loading import DEFAULT_MODEL_DIR, load_recognizer
+    from gravityocr.model.network.loading import DEFAULT_MODEL_DIR, load_recognizer
 
     if args.threads:
         torch.set_num_threads(args.threads)

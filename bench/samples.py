@@ -23,8 +23,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from gravityocr.model.decode_settings import add_decode_arguments, decode_settings_from_args
-from gravityocr.model.metrics import score
+from gravityocr.model.decode.settings import add_decode_arguments, decode_settings_from_args
+from gravityocr.model.evaluation.scores import score
 from gravityocr.pipelines.page_ocr import PageOcrConfig
 
 SAMPLES = Path(__file__).resolve().parents[1] / "samples"  # documents only: the main job's input

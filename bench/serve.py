@@ -6,7 +6,7 @@ The load is bounded: each level sends at most --requests requests and stops afte
 with --stream they stream (server-sent events) and the time to the first text is reported
 beside the time to the whole answer.
 
-The decoding flags are every command's (model/decode_settings.py), unset the product's
+The decoding flags are every command's (model/decode/settings.py), unset the product's
 defaults. Each mode serves them with what it does not measure turned off: "ar" AR
 decoding, "spec" self-speculative rounds (the product's default decoding, unless flags say
 otherwise), "spec-all" (--spec-all) speculative rounds at every batch size.
@@ -27,10 +27,10 @@ from pathlib import Path
 
 import httpx
 
-from ..model.decode_settings import DecodeSettings, add_decode_arguments, decode_settings_from_args
-from ..model.manifest import read_manifest
-from ..serve.app import build_app
-from ..serve.settings import ServeSettings
+from gravityocr.model.decode.settings import DecodeSettings, add_decode_arguments, decode_settings_from_args
+from gravityocr.model.evaluation.manifest import read_manifest
+from gravityocr.serve.app import build_app
+from gravityocr.serve.settings import ServeSettings
 
 PROMPTS = {"text": "Text Recognition:", "table": "Table Recognition:", "formula": "Formula Recognition:"}
 REAL = Path(__file__).resolve().parent.parent / "data" / "real"

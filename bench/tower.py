@@ -1,4 +1,4 @@
-"""`gravityocr bench tower`: the torch PP-OCRv6 recognizer (model/ppocr_tower.py) against
+"""`gravityocr bench tower`: the torch PP-OCRv6 recognizer (model/network/ppocr_tower.py) against
 onnxruntime running rapidocr's ONNX file, on the same rendered text lines.
 
 Lines of 40–90 characters are rendered 48 px high in DejaVu fonts (seeded). Milliseconds per
@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
-from ..model.ppocr_tower import (
+from gravityocr.model.network.ppocr_tower import (
     convert_onnx,
     load_ppocr_recognizer,
     preprocess,

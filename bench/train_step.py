@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-from ..model.joint_loss import JointBatch, backward_in_micro_batches
-from ..model.loading import DEFAULT_MODEL_DIR, load_recognizer
-from ..model.training import CropBatches, TrainConfig
+from gravityocr.model.training.joint_loss import JointBatch, backward_in_micro_batches
+from gravityocr.model.network.loading import DEFAULT_MODEL_DIR, load_recognizer
+from gravityocr.model.training.train import CropBatches, TrainConfig
 
 # The training recipes live at the top of a checkout (recipes/), not in the installed package.
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"

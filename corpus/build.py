@@ -29,12 +29,12 @@ from typing import Callable, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from gravityocr.model.manifest import png_bytes
+from gravityocr.model.evaluation.manifest import png_bytes
 
-from .augment import scan_like
-from .debian import UnpackedPackage, check_not_reserved, fetch_package
-from .items import CorpusItem
-from .sources import EVALUATION, TRAINING, check_sources
+from gravityocr.corpus.augment import scan_like
+from gravityocr.corpus.debian import UnpackedPackage, check_not_reserved, fetch_package
+from gravityocr.corpus.items import CorpusItem
+from gravityocr.corpus.sources import EVALUATION, TRAINING, check_sources
 
 DEFAULT_CACHE = Path.home() / ".cache" / "gravityocr" / "debian"
 TYPES = ("text", "page", "table", "formula")
@@ -51,28 +51,28 @@ SHARD_SCHEMA = pa.schema([
 
 
 def _table_items(package: UnpackedPackage, seed: int, limit: int | None) -> Iterator[CorpusItem]:
-    from .tables import html_table_items, latex_table_items
+    from gravityocr.corpus.tables import html_table_items, latex_table_items
 
     yield from html_table_items(package, seed, limit)
     yield from latex_table_items(package, seed + 1, limit)
 
 
 def _formula_items(package: UnpackedPackage, seed: int, limit: int | None) -> Iterator[CorpusItem]:
-    from .formulas import formula_items
+    from gravityocr.corpus.formulas import formula_items
 
     yield from formula_items(package, seed, limit)
 
 
 def _text_items(package: UnpackedPackage, seed: int, limit: int | None) -> Iterator[CorpusItem]:
     """Single lines, then multi-line paragraphs (a tenth as many at most)."""
-    from .pdf_text import line_items, paragraph_items
+    from gravityocr.corpus.pdf_text import line_items, paragraph_items
 
     yield from line_items(package, seed, limit)
     yield from paragraph_items(package, seed, None if limit is None else max(1, limit // 10))
 
 
 def _page_items(package: UnpackedPackage, seed: int, limit: int | None) -> Iterator[CorpusItem]:
-    from .pdf_text import page_items
+    from gravityocr.corpus.pdf_text import page_items
 
     yield from page_items(package, seed, limit)
 
@@ -195,8 +195,8 @@ def build_eval_set(output: Path, cache: Path = DEFAULT_CACHE, seed: int = 0,
                    evaluation: dict[str, list[str]] = EVALUATION,
                    fetch: Callable[[str, Path], UnpackedPackage] = fetch_package) -> int:
     """Write an evaluation manifest directory from the evaluation-side packages."""
-    from gravityocr.model.manifest import ManifestItem, save_crop_image
-    from gravityocr.model.manifest import write_manifest as write_eval_manifest
+    from gravityocr.model.evaluation.manifest import ManifestItem, save_crop_image
+    from gravityocr.model.evaluation.manifest import write_manifest as write_eval_manifest
 
     check_sources()
     output = Path(output).resolve()
@@ -230,13 +230,13 @@ def _unit_streams(units: list[Unit], package: UnpackedPackage, seed: int) -> Ite
 
 
 def _eval_lines(package: UnpackedPackage, seed: int, limit: int | None) -> Iterator[CorpusItem]:
-    from .pdf_text import TextConfig, line_items
+    from gravityocr.corpus.pdf_text import TextConfig, line_items
 
     yield from line_items(package, seed, limit, TextConfig(lines_per_page=3, pages_per_file=400))
 
 
 def _eval_pages(package: UnpackedPackage, seed: int, limit: int | None) -> Iterator[CorpusItem]:
-    from .pdf_text import TextConfig, page_items
+    from gravityocr.corpus.pdf_text import TextConfig, page_items
 
     yield from page_items(package, seed, limit, config=TextConfig(pages_per_file=400))
 
@@ -248,7 +248,7 @@ _EVAL_PER_UNIT = {"text": 60, "page": 3, "table": 8, "formula": 6}
 
 
 def training_formula_targets(cache: Path) -> set[str]:
-    from .formulas import package_formulas
+    from gravityocr.corpus.formulas import package_formulas
 
     return {formula.target for name in TRAINING["formula"]
             for _, formula in package_formulas(fetch_package(name, cache))}

@@ -40,10 +40,10 @@ from pathlib import Path
 import pypdfium2 as pdfium
 from PIL import Image, ImageOps
 
-from ..model.metrics import canonicalize_latex
-from ..model.tokenizer import character_vocabulary
-from .debian import UnpackedPackage, check_not_reserved
-from .items import CorpusItem, Source
+from gravityocr.model.evaluation.scores import canonicalize_latex
+from gravityocr.model.network.tokenizer import character_vocabulary
+from gravityocr.corpus.debian import UnpackedPackage, check_not_reserved
+from gravityocr.corpus.items import CorpusItem, Source
 
 MATHTEXT_FONTSETS = ("cm", "stix", "stixsans", "dejavusans", "dejavuserif")
 

@@ -31,8 +31,8 @@ import pypdfium2 as pdfium
 import pypdfium2.raw as pdfium_c
 from PIL import Image
 
-from .debian import UnpackedPackage
-from .items import CorpusItem, Source
+from gravityocr.corpus.debian import UnpackedPackage
+from gravityocr.corpus.items import CorpusItem, Source
 
 _MATH_FONT = re.compile(r"CMSY|CMMI|CMEX|CMBSY|MSAM|MSBM|LMMATH|MATH|SYMBOL|EUFM|EUSM|EUEX|RSFS|WASY|STMARY|"
                         r"DINGBAT|ZAPF|MNSYMBOL|ESINT|TXSY|PXSY|TXEX|PXEX", re.IGNORECASE)
@@ -42,7 +42,7 @@ _SOFT_HYPHENS = {"\u00ad", "\u0002", "\u2010", "\u2011"}
 @lru_cache(maxsize=1)
 def vocabulary() -> frozenset[str]:
     """The characters the recogniser can write in a line (its tokenizer's, less the newline)."""
-    from gravityocr.model.tokenizer import character_vocabulary
+    from gravityocr.model.network.tokenizer import character_vocabulary
 
     return frozenset(c for c in character_vocabulary() if c != "\n")
 

@@ -7,7 +7,7 @@ proves both and runs whenever a build starts.
 
 from __future__ import annotations
 
-from .debian import check_not_reserved
+from gravityocr.corpus.debian import check_not_reserved
 
 # type -> packages read for training shards
 TRAINING = {

@@ -42,11 +42,11 @@ from typing import Iterator
 import pypdfium2 as pdfium
 from PIL import Image
 
-from gravityocr.model.metrics import parse_table
-from gravityocr.model.tokenizer import character_vocabulary
+from gravityocr.model.evaluation.scores import parse_table
+from gravityocr.model.network.tokenizer import character_vocabulary
 
-from .debian import UnpackedPackage, check_not_reserved
-from .items import CorpusItem, Source
+from gravityocr.corpus.debian import UnpackedPackage, check_not_reserved
+from gravityocr.corpus.items import CorpusItem, Source
 
 VOCABULARY = frozenset(character_vocabulary()) - {"\n"}
 # As in the synthetic tables: '<', '>' and '&' would make a target's cell text ambiguous HTML.

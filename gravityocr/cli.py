@@ -16,14 +16,14 @@ COMMANDS = {
               "OCR every document under INPUT into OUTPUT (local, file:// or s3://) on Ray"),
     "ocr": ("gravityocr.pipelines.ocr_cli", "OCR local files in-process and print or write markdown/JSON"),
     "serve": ("gravityocr.serve.cli", "serve the OCR HTTP API on Ray Serve"),
-    "train": ("gravityocr.model.training", "train a recogniser with the joint objective"),
-    "train-strips": ("gravityocr.model.strip_training",
+    "train": ("gravityocr.model.training.train", "train a recogniser with the joint objective"),
+    "train-strips": ("gravityocr.model.training.strips",
                      "train the default reader (PP-OCRv6 strips under the text decoder) on a corpus build"),
-    "grpo": ("gravityocr.model.grpo", "GRPO on the AR path with OCR rewards, from trained weights"),
+    "grpo": ("gravityocr.model.training.grpo", "GRPO on the AR path with OCR rewards, from trained weights"),
     "eval": ("gravityocr.pipelines.evaluation", "score a recogniser on an evaluation set: crops, and pages through the page pipeline"),
     "data": ("gravityocr.corpus.build",
              "build training shards or a real evaluation set from Debian documentation packages"),
-    "average": ("gravityocr.model.averaging", "average the weights of recognisers trained from the same start"),
+    "average": ("gravityocr.model.training.averaging", "average the weights of recognisers trained from the same start"),
 }
 # bench subcommand -> (module with main(argv) -> int, help)
 BENCHMARKS = {

@@ -22,7 +22,7 @@ from urllib.parse import quote
 
 from PIL import Image
 
-from .layout import Box
+from gravityocr.pipelines.layout import Box
 
 SCHEMA_VERSION = "1.0"
 SOFT_HYPHEN = "\u00ad"
@@ -182,7 +182,7 @@ def figure_crops(pages: list[PageResult]) -> list[tuple[str, Image.Image]]:
 
 def figure_png(image: Image.Image) -> bytes:
     """A figure's file: one PNG writer for every entry point."""
-    from gravityocr.model.manifest import png_bytes
+    from gravityocr.model.evaluation.manifest import png_bytes
 
     return png_bytes(image)
 

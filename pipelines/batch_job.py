@@ -42,12 +42,12 @@ from dataclasses import asdict, dataclass, field
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .. import metrics
-from ..model.decode_settings import DecodeSettings, add_decode_arguments, decode_settings_from_args
-from .assembly import PageResult, document_markdown, figure_prefix_for, figures_folder
-from .layout import LAYOUT_BACKENDS, LINE_SPLITTERS
-from .page_ocr import Crop, PageOcrConfig, PagePlan, PagePlanner
-from .storage import StorageLocation, exists, list_objects, read_bytes, resolve, write_atomic
+from gravityocr import metrics
+from gravityocr.model.decode.settings import DecodeSettings, add_decode_arguments, decode_settings_from_args
+from gravityocr.pipelines.assembly import PageResult, document_markdown, figure_prefix_for, figures_folder
+from gravityocr.pipelines.layout import LAYOUT_BACKENDS, LINE_SPLITTERS
+from gravityocr.pipelines.page_ocr import Crop, PageOcrConfig, PagePlan, PagePlanner
+from gravityocr.pipelines.storage import StorageLocation, exists, list_objects, read_bytes, resolve, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ def _error_row(document_id: str, page_number: int, reason: str, message: str) ->
 
 def render_document(row: dict, source: StorageLocation, dpi: float) -> list[dict]:
     """One row per page of one document; any failure is an error row of its own."""
-    from .documents import DocumentError, open_document
+    from gravityocr.pipelines.documents import DocumentError, open_document
 
     key = row["key"]
     rows = []
@@ -178,8 +178,8 @@ def plan_pages(batch: pa.Table, layout: str, lines: str, dpi: float) -> pa.Table
     image itself goes no further. An unrendered page passes through as it is."""
     from PIL import Image
 
-    from .assembly import figure_crops, figure_png
-    from .documents import Page
+    from gravityocr.pipelines.assembly import figure_crops, figure_png
+    from gravityocr.pipelines.documents import Page
 
     planner = _planner(layout, lines, dpi)
     out = []
@@ -228,9 +228,9 @@ class PageReader:
         import ray
         import torch
 
-        from ..model.devices import resolve_device
-        from ..model.loading import DEFAULT_MODEL_DIR
-        from .recognizer import CropRecognizer, RecognizerConfig
+        from gravityocr.model.network.devices import resolve_device
+        from gravityocr.model.network.loading import DEFAULT_MODEL_DIR
+        from gravityocr.pipelines.recognizer import CropRecognizer, RecognizerConfig
 
         torch.set_num_threads(threads)
         self.mode = decode.mode
@@ -255,7 +255,7 @@ class PageReader:
             yield pa.Table.from_pylist([await page], schema=READ_SCHEMA)
 
     async def _page(self, row: dict, plan: PagePlan | None, futures: list, start: float) -> dict:
-        from .assembly import page_markdown
+        from gravityocr.pipelines.assembly import page_markdown
 
         record = {name: row.get(name) for name in PAGE_SCHEMA.names}
         record.update(mode=self.mode, node_id=self.node_id, figures=row["figures"])

@@ -1,6 +1,6 @@
 """`gravityocr eval DIR`: score a recogniser on an evaluation set, crops and whole pages.
 
-Crops (text lines, tables, formulas) go straight to the recogniser (model/evaluation.py).
+Crops (text lines, tables, formulas) go straight to the recogniser (model/evaluation/report.py).
 Pages go through the page pipeline a user runs (`gravityocr ocr`: layout, line crops,
 recogniser, assembly) and are scored on the page text, so a page figure is the product's
 figure. Both decode with the decoding flags every command takes (by default the product's
@@ -19,16 +19,16 @@ from dataclasses import asdict
 
 import torch
 
-from gravityocr.model.decode_settings import DecodeSettings, add_decode_arguments, decode_settings_from_args
-from gravityocr.model.evaluation import ItemOutcome, decode_report, evaluate, summarize
-from gravityocr.model.loading import DEFAULT_MODEL_DIR, Recognizer, load_recognizer
-from gravityocr.model.manifest import ManifestItem, read_manifest
-from gravityocr.model.metrics import score
+from gravityocr.model.decode.settings import DecodeSettings, add_decode_arguments, decode_settings_from_args
+from gravityocr.model.evaluation.report import ItemOutcome, decode_report, evaluate, summarize
+from gravityocr.model.network.loading import DEFAULT_MODEL_DIR, Recognizer, load_recognizer
+from gravityocr.model.evaluation.manifest import ManifestItem, read_manifest
+from gravityocr.model.evaluation.scores import score
 
-from .documents import Page
-from .layout import LAYOUT_BACKENDS, LINE_SPLITTERS
-from .page_ocr import PageOcr, PageOcrConfig
-from .recognizer import CropRecognizer, RecognizerConfig
+from gravityocr.pipelines.documents import Page
+from gravityocr.pipelines.layout import LAYOUT_BACKENDS, LINE_SPLITTERS
+from gravityocr.pipelines.page_ocr import PageOcr, PageOcrConfig
+from gravityocr.pipelines.recognizer import CropRecognizer, RecognizerConfig
 
 
 def read_pages(recognizer: Recognizer, items: list[ManifestItem], config: RecognizerConfig,

@@ -16,17 +16,17 @@ from pathlib import Path
 
 from typing import TYPE_CHECKING
 
-from gravityocr.model.decode_settings import add_decode_arguments, decode_settings_from_args
+from gravityocr.model.decode.settings import add_decode_arguments, decode_settings_from_args
 
-from .layout import LAYOUT_BACKENDS, LINE_SPLITTERS
-from .page_ocr import PageOcrConfig  # the page settings' defaults (torch loads only when a command runs)
+from gravityocr.pipelines.layout import LAYOUT_BACKENDS, LINE_SPLITTERS
+from gravityocr.pipelines.page_ocr import PageOcrConfig  # the page settings' defaults (torch loads only when a command runs)
 
 if TYPE_CHECKING:
-    from .page_ocr import DocumentResult
+    from gravityocr.pipelines.page_ocr import DocumentResult
 
 
 def default_model_path() -> Path:
-    from gravityocr.model.loading import DEFAULT_MODEL_DIR
+    from gravityocr.model.network.loading import DEFAULT_MODEL_DIR
 
     return Path(DEFAULT_MODEL_DIR)
 
@@ -116,7 +116,7 @@ def _write(result: DocumentResult, args, name: str) -> None:
     markdown (`DocumentResult.to_markdown`, as the batch job and serve write it). On stdout
     the markdown leaves figures out (there is no folder to write them to); with --out its
     figures are written to <name>_figures/ first and linked from <name>.md."""
-    from .assembly import figure_crops, figure_png, figure_prefix_for, figures_folder
+    from gravityocr.pipelines.assembly import figure_crops, figure_png, figure_prefix_for, figures_folder
 
     if args.out is None:
         if args.format == "json":
@@ -155,8 +155,8 @@ def run(args) -> int:
     import torch
     import transformers
 
-    from .page_ocr import PageOcr
-    from .recognizer import CropRecognizer, RecognizerConfig
+    from gravityocr.pipelines.page_ocr import PageOcr
+    from gravityocr.pipelines.recognizer import CropRecognizer, RecognizerConfig
 
     transformers.utils.logging.disable_progress_bar()  # our own bar is the one that counts pages
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING
 
 from PIL import Image
 
-from .assembly import LineResult, PageResult, RegionResult, document_json, document_markdown, join_lines, sum_stats
-from .documents import DocumentError, DocumentLimits, Page, open_document, read_file
-from .layout import TEXT_TYPES, Box, LayoutBackend, LineSplitter, NoLines, layout_page, make_layout, \
+from gravityocr.pipelines.assembly import LineResult, PageResult, RegionResult, document_json, document_markdown, join_lines, sum_stats
+from gravityocr.pipelines.documents import DocumentError, DocumentLimits, Page, open_document, read_file
+from gravityocr.pipelines.layout import TEXT_TYPES, Box, LayoutBackend, LineSplitter, NoLines, layout_page, make_layout, \
     make_line_splitter
 
 if TYPE_CHECKING:  # torch loads with the recogniser, not with the settings (the CLIs' defaults are read here)
-    from .recognizer import CropRecognizer, CropResult, Submit
+    from gravityocr.pipelines.recognizer import CropRecognizer, CropResult, Submit
 
 log = logging.getLogger(__name__)
 
@@ -240,7 +240,7 @@ class PageOcr:
         try:
             read = self.recognizer.recognize([(crop.image, crop.task) for crop in crops], submit)
         except Exception as error:  # noqa: BLE001 - one broken batch must not end the run
-            from .recognizer import CropResult
+            from gravityocr.pipelines.recognizer import CropResult
 
             log.exception("recogniser failed")
             read = [CropResult("", error=f"recogniser failed: {type(error).__name__}: {error}") for _ in crops]

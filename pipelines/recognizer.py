@@ -6,7 +6,7 @@ job's engine actors and serve's replicas. Each `CropRecognizer` owns one `Engine
 batched engine on a thread of its own, model/engine/loop.py), so crops submitted by
 different callers, page batches or HTTP requests decode in the same rounds (continuous
 batching across them), and the engine and its KV cache are built once, not per batch.
-The reference decoders of `gravityocr.model.decoding` (decoder "reference") read the same
+The reference decoders of `gravityocr.model.decode.reference` (decoder "reference") read the same
 crops one by one: the engine's output equals theirs token for token, and tests compare the
 two. Either way the text is greedy AR decoding of the same weights; only the speed differs.
 """
@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING, Literal
 import torch
 from PIL import Image
 
-from gravityocr.model.decode_settings import DecodeSettings
-from gravityocr.model.decoding import DecodeStats, greedy_decode, speculative_decode
-from gravityocr.model.loading import Recognizer, load_recognizer
-from gravityocr.model.processor import TASK_PROMPTS, EncodedPrompt, InvalidInput
-from gravityocr.model.stopping import without_loop
+from gravityocr.model.decode.settings import DecodeSettings
+from gravityocr.model.decode.reference import DecodeStats, greedy_decode, speculative_decode
+from gravityocr.model.network.loading import Recognizer, load_recognizer
+from gravityocr.model.network.processor import TASK_PROMPTS, EncodedPrompt, InvalidInput
+from gravityocr.model.decode.stopping import without_loop
 
 if TYPE_CHECKING:
     from gravityocr.model.engine import EngineConfig, Request
@@ -45,7 +45,7 @@ class RecognizerConfig:
     # Longest output per task: a line of text, a whole table as HTML, one formula.
     max_new_tokens: dict[str, int] = field(default_factory=lambda: {"text": 256, "table": 1024, "formula": 256})
     max_batch_size: int = 32  # sequences the engine decodes together (its cache slots)
-    max_seq_len: int = 2048  # per crop: prompt + output tokens (a cache slot; capped at the model's context)
+    max_seq_len: int | None = None  # per crop: prompt + output tokens (a cache slot); None: the model's context
     decoder: Literal["engine", "reference"] = "engine"  # the reference decoders: for checking the engine
 
     def __post_init__(self):
@@ -54,7 +54,7 @@ class RecognizerConfig:
         missing = set(TASK_PROMPTS) - set(self.max_new_tokens)
         if missing:
             raise ValueError(f"max_new_tokens lacks tasks {sorted(missing)}")
-        if self.max_batch_size < 1 or self.max_seq_len < 2:
+        if self.max_batch_size < 1 or (self.max_seq_len is not None and self.max_seq_len < 2):
             raise ValueError(f"max_batch_size must be >= 1 and max_seq_len >= 2, got {self.max_batch_size}, "
                              f"{self.max_seq_len}")
 
@@ -67,7 +67,7 @@ class RecognizerConfig:
 class CropResult:
     text: str
     stats: DecodeStats | None = None
-    finish_reason: str | None = None  # "eos" | "repetition" | "length" (model/stopping.py)
+    finish_reason: str | None = None  # "eos" | "repetition" | "length" (model/decode/stopping.py)
     error: str | None = None  # why this crop was not read (the rest of its page still is)
 
     @property
@@ -112,7 +112,7 @@ class CropRecognizer:
     def max_seq_len(self) -> int:
         """Prompt + output tokens one crop may take: the config's, within the model's context."""
         context = int(self.recognizer.model.config.text_config.max_position_embeddings)
-        return min(self.config.max_seq_len, context)
+        return min(self.config.max_seq_len or context, context)
 
     @functools.cached_property
     def engine_config(self) -> EngineConfig:
@@ -215,7 +215,7 @@ class CropRecognizer:
         return out
 
     def _finish(self, token_ids: list[int], stats: DecodeStats, finish_reason: str) -> CropResult:
-        """The crop's text; a loop cut by the stopping rule is shown once (model/stopping.py)."""
+        """The crop's text; a loop cut by the stopping rule is shown once (model/decode/stopping.py)."""
         if finish_reason == "repetition":
             token_ids = without_loop(token_ids)
         return CropResult(self.recognizer.processor.decode(token_ids), stats, finish_reason)

@@ -25,11 +25,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 
-from .. import metrics
-from . import schemas
-from .chat_stream import ChatStream, error_event
-from .engine_requests import EngineRequests, RequestAbandoned
-from .settings import ServeSettings
+from gravityocr import metrics
+from gravityocr.serve import schemas
+from gravityocr.serve.chat_stream import ChatStream, error_event
+from gravityocr.serve.engine_requests import EngineRequests, RequestAbandoned
+from gravityocr.serve.settings import ServeSettings
 
 OCR_ROUTE = "/v1/ocr"
 CHAT_ROUTE = "/v1/chat/completions"
@@ -83,7 +83,7 @@ PAGES_SETTING = "serve setting max_pages"
 
 def _too_large(what: str, amount: int | str, limit: int, unit: str, setting: str) -> HTTPProblem:
     """A 413 worded as every size limit is (`pipelines.documents.limit_message`)."""
-    from ..pipelines.documents import limit_message
+    from gravityocr.pipelines.documents import limit_message
 
     return HTTPProblem(413, limit_message(what, amount, limit, unit, setting))
 
@@ -109,7 +109,7 @@ class _OcrWork:
     async def prepare(self, request: Request):
         """Read and check the upload on the event loop: size, content type, format and page
         count are refused here, before any rendering."""
-        from ..pipelines.documents import DocumentError, open_document
+        from gravityocr.pipelines.documents import DocumentError, open_document
 
         name, data = await self._upload(request)
         settings = self.service.settings
@@ -159,8 +159,8 @@ class _OcrWork:
         job use: `document_markdown`, its pages' pieces `page_markdowns` (the document's first
         title `#` on whichever page it is), `document_json`. There is no output folder, so
         figures are left out of the markdown (their boxes are in the JSON)."""
-        from ..pipelines.assembly import document_json, document_markdown, page_markdowns
-        from ..pipelines.documents import DocumentError
+        from gravityocr.pipelines.assembly import document_json, document_markdown, page_markdowns
+        from gravityocr.pipelines.documents import DocumentError
 
         name, document = prepared
         try:
@@ -188,7 +188,7 @@ class _OcrWork:
 def _read_allowed_s3(uri: str, settings: ServeSettings) -> bytes:
     """Only s3:// objects in allow-listed buckets: a request can never make the server read
     a local file or fetch an arbitrary URL."""
-    from ..pipelines.storage import read_bytes, resolve
+    from gravityocr.pipelines.storage import read_bytes, resolve
 
     if not uri.startswith("s3://"):
         raise HTTPProblem(400, "only s3:// URIs are accepted as 'uri'")
@@ -228,9 +228,9 @@ class _ChatWork:
             raise HTTPProblem(422, f"invalid chat completion request: {error}") from None
 
     def run(self, chat: schemas.ChatCompletionRequest, engine_requests: EngineRequests) -> dict | ChatStream:
-        from ..model.engine import Request as EngineRequest
-        from ..model.processor import InvalidInput
-        from ..pipelines.documents import DocumentError, open_document
+        from gravityocr.model.engine import Request as EngineRequest
+        from gravityocr.model.network.processor import InvalidInput
+        from gravityocr.pipelines.documents import DocumentError, open_document
 
         image_url, prompt_text = chat.image_and_prompt()
         if not image_url.startswith("data:"):
@@ -281,7 +281,7 @@ class _ChatWork:
                       "total_tokens": prompt.length + len(result.token_ids)},
             "gravityocr": {"tokens_per_forward": result.stats.tokens_per_forward,
                            "accepted_per_round": list(result.stats.accepted_per_round), "task": task,
-                           "stop_reason": result.finish_reason},  # eos, repetition or length (model/stopping.py)
+                           "stop_reason": result.finish_reason},  # eos, repetition or length (model/decode/stopping.py)
         }
 
 
@@ -298,10 +298,10 @@ class OcrService:
     def _load(self) -> None:
         import torch
 
-        from ..model.devices import resolve_device
-        from ..model.loading import DEFAULT_MODEL_DIR, load_recognizer
-        from ..pipelines.page_ocr import PageOcr, PageOcrConfig
-        from ..pipelines.recognizer import CropRecognizer, RecognizerConfig
+        from gravityocr.model.network.devices import resolve_device
+        from gravityocr.model.network.loading import DEFAULT_MODEL_DIR, load_recognizer
+        from gravityocr.pipelines.page_ocr import PageOcr, PageOcrConfig
+        from gravityocr.pipelines.recognizer import CropRecognizer, RecognizerConfig
 
         torch.set_num_threads(self.settings.threads)
         device, dtype = resolve_device(self.settings.device, self.settings.dtype)

@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from .engine_requests import EngineRequests
-from .stream_text import StreamText
+from gravityocr.serve.engine_requests import EngineRequests
+from gravityocr.serve.stream_text import StreamText
 
 _END = object()  # queued after the last tokens, once the engine request is settled
 

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import yaml
 
-from ..model.decode_settings import add_decode_arguments, decode_settings_from_args
-from ..pipelines.layout import LAYOUT_BACKENDS, LINE_SPLITTERS
-from .settings import ServeSettings
+from gravityocr.model.decode.settings import add_decode_arguments, decode_settings_from_args
+from gravityocr.pipelines.layout import LAYOUT_BACKENDS, LINE_SPLITTERS
+from gravityocr.serve.settings import ServeSettings
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "serve_config.yaml"
 
@@ -57,7 +57,7 @@ def run(args) -> int:
     import ray
     from ray import serve
 
-    from .app import build_app
+    from gravityocr.serve.app import build_app
 
     http_options, settings, options = load_serve_config(args.config)
     if args.model:

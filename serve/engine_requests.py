@@ -8,8 +8,8 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..model.engine import Request
-    from ..model.engine.loop import EngineLoop, TokenListener
+    from gravityocr.model.engine import Request
+    from gravityocr.model.engine.loop import EngineLoop, TokenListener
 
 
 class RequestAbandoned(Exception):

@@ -81,7 +81,7 @@ class ChatCompletionRequest(BaseModel):
 
     def image_and_prompt(self) -> tuple[str, str]:
         """The one image (a URL) and the text of the last user message."""
-        from .app import HTTPProblem
+        from gravityocr.serve.app import HTTPProblem
 
         users = [m for m in self.messages if m.role == "user"]
         if not users or isinstance(users[-1].content, str):

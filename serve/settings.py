@@ -7,8 +7,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..model.decode_settings import DecodeSettings
-from ..pipelines.page_ocr import PageOcrConfig  # the page settings' defaults
+from gravityocr.model.decode.settings import DecodeSettings
+from gravityocr.pipelines.page_ocr import PageOcrConfig  # the page settings' defaults
 
 TOKEN_ENV = "GRAVITYOCR_API_TOKEN"
 TOKEN_FILE_ENV = "GRAVITYOCR_API_TOKEN_FILE"
@@ -17,7 +17,7 @@ TOKEN_FILE_ENV = "GRAVITYOCR_API_TOKEN_FILE"
 @dataclass
 class ServeSettings:
     model: str | None = None  # directory or hub name; None: the shipped default
-    # How crops are decoded: the config's `decode:` mapping (model/decode_settings.py), the
+    # How crops are decoded: the config's `decode:` mapping (model/decode/settings.py), the
     # same settings and meanings as every command's decoding flags.
     decode: DecodeSettings = field(default_factory=DecodeSettings)
     max_batch_size: int = 32  # sequences one replica's engine decodes together
@@ -54,7 +54,7 @@ class ServeSettings:
     def check(self) -> None:
         """Raise ValueError for settings that cannot serve (after a config or command-line
         override); the decoding settings are checked when they are made (DecodeSettings)."""
-        from ..pipelines.layout import LAYOUT_BACKENDS, LINE_SPLITTERS
+        from gravityocr.pipelines.layout import LAYOUT_BACKENDS, LINE_SPLITTERS
 
         if self.layout not in LAYOUT_BACKENDS:
             raise ValueError(f"layout must be one of {', '.join(LAYOUT_BACKENDS)}, got {self.layout!r}")

@@ -9,11 +9,11 @@ import pytest
 import torch
 from PIL import Image
 
-from gravityocr.model.configs import TINY, build_config
-from gravityocr.model.joint_loss import Objective, TrainingSample, build_joint_batch, joint_loss
-from gravityocr.model.modeling import GravityOcrForConditionalGeneration
-from gravityocr.model.processor import OcrProcessor, make_image_processor
-from gravityocr.model.tokenizer import build_char_tokenizer
+from gravityocr.model.network.configs import TINY, build_config
+from gravityocr.model.training.joint_loss import Objective, TrainingSample, build_joint_batch, joint_loss
+from gravityocr.model.network.modeling import GravityOcrForConditionalGeneration
+from gravityocr.model.network.processor import OcrProcessor, make_image_processor
+from gravityocr.model.network.tokenizer import build_char_tokenizer
 
 # Session fixtures defined once here, so every test module shares one local Ray cluster and
 # one S3 endpoint (a fixture imported into two modules would be set up twice).

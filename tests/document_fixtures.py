@@ -14,12 +14,12 @@ import zlib
 import pytest
 import torch
 
-from gravityocr.model.configs import TINY, build_config
-from gravityocr.model.loading import Recognizer, save_recognizer
-from gravityocr.model.modeling import GravityOcrForConditionalGeneration
-from gravityocr.model.processor import OcrProcessor, make_image_processor
-from gravityocr.model.tokenizer import build_char_tokenizer
-from gravityocr.pipelines.synthetic_pages import (
+from gravityocr.model.network.configs import TINY, build_config
+from gravityocr.model.network.loading import Recognizer, save_recognizer
+from gravityocr.model.network.modeling import GravityOcrForConditionalGeneration
+from gravityocr.model.network.processor import OcrProcessor, make_image_processor
+from gravityocr.model.network.tokenizer import build_char_tokenizer
+from gravityocr.bench.synthetic_pages import (
     pdf_bytes,
     single_column_page,
     table_formula_page,

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from gravityocr.model.attention import (
+from gravityocr.model.decode.attention import (
     CLEAN, PREFIX, STREAM_A, STREAM_B, JointLayout, causal_attention_mask, draft_attention_mask,
     joint_attention_mask,
 )
-from gravityocr.model.joint_loss import IGNORE, Objective, build_joint_batch, joint_logits
+from gravityocr.model.training.joint_loss import IGNORE, Objective, build_joint_batch, joint_logits
 
 
 def test_every_response_token_is_masked_in_exactly_one_stream(tiny_model_factory, overfit_samples):

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from gravityocr.cli import main
-from gravityocr.model.averaging import IncompatibleRecognizers, average_recognizers
-from gravityocr.model.configs import TINY, build_config
-from gravityocr.model.decoding import greedy_decode, speculative_decode
-from gravityocr.model.loading import Recognizer, load_recognizer, save_recognizer
-from gravityocr.model.modeling import GravityOcrForConditionalGeneration
+from gravityocr.model.training.averaging import IncompatibleRecognizers, average_recognizers
+from gravityocr.model.network.configs import TINY, build_config
+from gravityocr.model.decode.reference import greedy_decode, speculative_decode
+from gravityocr.model.network.loading import Recognizer, load_recognizer, save_recognizer
+from gravityocr.model.network.modeling import GravityOcrForConditionalGeneration
 
 from conftest import SEPARATED_INIT, make_tiny_model, random_image
 

@@ -18,9 +18,9 @@ import ray
 import torch
 from PIL import Image
 
-from gravityocr.model.decode_settings import DecodeSettings
-from gravityocr.model.loading import Recognizer, save_recognizer
-from gravityocr.pipelines import synthetic_pages
+from gravityocr.model.decode.settings import DecodeSettings
+from gravityocr.model.network.loading import Recognizer, save_recognizer
+from gravityocr.bench import synthetic_pages
 from gravityocr.pipelines.assembly import PageResult, document_markdown
 from gravityocr.pipelines.batch_job import PAGE_SCHEMA, BatchJobConfig, region_decode_stats, run_batch_job
 from ray_cluster import processes_mentioning

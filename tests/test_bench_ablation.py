@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gravityocr.bench.ablation import main
-from gravityocr.model.loading import Recognizer, save_recognizer
+from gravityocr.model.network.loading import Recognizer, save_recognizer
 
 
 @pytest.mark.timeout(600)

@@ -8,7 +8,7 @@ import json
 import torch
 
 from gravityocr.bench.train_step import main
-from gravityocr.model.loading import Recognizer, save_recognizer
+from gravityocr.model.network.loading import Recognizer, save_recognizer
 
 
 def test_train_step_bench_reports_each_setting_with_the_same_gradient(tiny_model_factory, processor, tmp_path,

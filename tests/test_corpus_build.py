@@ -18,7 +18,7 @@ from gravityocr.corpus.debian import (RESERVED_PACKAGES, ReservedPackage, Unpack
                                       fetch_package, is_reserved)
 from gravityocr.corpus.pdf_text import line_items, page_items, paragraph_items
 from gravityocr.corpus.sources import EVALUATION, TRAINING, check_sources
-from gravityocr.model.metrics import canonicalize_latex
+from gravityocr.model.evaluation.scores import canonicalize_latex
 
 LINES = [
     "The quick brown fox jumps over the lazy dog.",
@@ -160,7 +160,7 @@ def test_an_interrupted_build_resumes_without_duplicates(tmp_path, fixture_packa
 
 def test_the_evaluation_set_names_its_sources(tmp_path, fixture_package):
     """The evaluation writer on the fixture package: manifest format unchanged plus `source`."""
-    from gravityocr.model.manifest import read_manifest
+    from gravityocr.model.evaluation.manifest import read_manifest
 
     build_eval_set(tmp_path / "real", tmp_path / "cache", counts={"text": 5}, log=lambda line: None,
                    evaluation={"text": ["fixture-doc"]}, fetch=lambda name, cache: fixture_package)

@@ -18,7 +18,7 @@ from gravityocr.corpus.formulas import (
     render_pdflatex,
     usable_target,
 )
-from gravityocr.model.metrics import canonicalize_latex
+from gravityocr.model.evaluation.scores import canonicalize_latex
 
 needs_pdflatex = pytest.mark.skipif(shutil.which("pdflatex") is None,
                                     reason="pdflatex is not installed (Debian: texlive-latex-base)")

@@ -21,7 +21,7 @@ from gravityocr.corpus.tables import (
     latex_tabulars,
     normalize_html_table,
 )
-from gravityocr.model.metrics import parse_table, teds
+from gravityocr.model.evaluation.scores import parse_table, teds
 
 needs_chromium = pytest.mark.skipif(not os.path.exists("/usr/bin/chromium"), reason="chromium is not installed")
 needs_pdflatex = pytest.mark.skipif(shutil.which("pdflatex") is None, reason="pdflatex is not installed")

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from PIL import Image, ImageOps
 
-from gravityocr.model.loading import DEFAULT_MODEL_DIR, load_recognizer
-from gravityocr.model.manifest import read_manifest
+from gravityocr.model.network.loading import DEFAULT_MODEL_DIR, load_recognizer
+from gravityocr.model.evaluation.manifest import read_manifest
 from gravityocr.pipelines.documents import Page
 from gravityocr.pipelines.page_ocr import PageOcr, PageOcrConfig
 from gravityocr.pipelines.recognizer import CropRecognizer, RecognizerConfig

@@ -8,7 +8,7 @@ import argparse
 import pytest
 import torch
 
-from gravityocr.model.decode_settings import FLAGS, DecodeSettings, add_decode_arguments, decode_settings_from_args
+from gravityocr.model.decode.settings import FLAGS, DecodeSettings, add_decode_arguments, decode_settings_from_args
 from gravityocr.model.engine.config import speculative_max_batch_for
 
 

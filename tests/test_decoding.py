@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gravityocr.model.decoding import greedy_decode, speculative_decode
-from gravityocr.model.processor import InvalidInput
+from gravityocr.model.decode.reference import greedy_decode, speculative_decode
+from gravityocr.model.network.processor import InvalidInput
 
 from conftest import random_image
 
@@ -167,7 +167,7 @@ def test_a_repetition_loop_stops_every_decoder_at_the_same_token(tiny_model_fact
     from dataclasses import replace
 
     from gravityocr.model.engine import Engine, EngineConfig, Request
-    from gravityocr.model.stopping import loop_unit
+    from gravityocr.model.decode.stopping import loop_unit
 
     model = tiny_model_factory(model_seed)
     prompt = processor.encode(random_image(image_seed, 84, 56), task)
@@ -186,7 +186,7 @@ def test_a_repetition_loop_stops_every_decoder_at_the_same_token(tiny_model_fact
 
 
 def test_the_loop_rule_spares_leaders_rules_and_tables():
-    from gravityocr.model.stopping import loop_unit, stop_reason, without_loop
+    from gravityocr.model.decode.stopping import loop_unit, stop_reason, without_loop
 
     def ids(text: str) -> list[int]:
         return [ord(c) for c in text]

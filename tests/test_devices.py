@@ -9,8 +9,8 @@ import sys
 import pytest
 import torch
 
-from gravityocr.model.decode_settings import DecodeSettings
-from gravityocr.model.devices import resolve_device
+from gravityocr.model.decode.settings import DecodeSettings
+from gravityocr.model.network.devices import resolve_device
 from gravityocr.pipelines.batch_job import actor_resources
 from gravityocr.serve.settings import ServeSettings
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 from transformers.cache_utils import DynamicCache
 
-from gravityocr.model.attention import causal_attention_mask
-from gravityocr.model.decoding import greedy_decode, prefill, speculative_decode
+from gravityocr.model.decode.attention import causal_attention_mask
+from gravityocr.model.decode.reference import greedy_decode, prefill, speculative_decode
 from gravityocr.model.engine import CacheTooLarge, Engine, EngineConfig, Request, RequestTooLong
 
 from conftest import random_image
@@ -372,7 +372,7 @@ def test_bench_decode_prints_rows_and_peers(model, processor, tmp_path, capsys):
     import json
 
     from gravityocr.bench.decode import main
-    from gravityocr.model.loading import Recognizer, save_recognizer
+    from gravityocr.model.network.loading import Recognizer, save_recognizer
 
     save_recognizer(Recognizer(model, processor), tmp_path / "model")
     argv = ["--model", str(tmp_path / "model"), "--dtype", "float64", "--batch-sizes", "1,3", "--limit", "3",

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from gravityocr.cli import main
-from gravityocr.model.decode_settings import DecodeSettings
+from gravityocr.model.decode.settings import DecodeSettings
 from gravityocr.model.engine.config import speculative_max_batch_for
-from gravityocr.model.loading import Recognizer, save_recognizer
-from gravityocr.model.manifest import ManifestItem, write_manifest
+from gravityocr.model.network.loading import Recognizer, save_recognizer
+from gravityocr.model.evaluation.manifest import ManifestItem, write_manifest
 
 from conftest import OVERFIT_TEXTS, random_image
 
@@ -73,13 +73,13 @@ def test_eval_json_on_a_trained_tiny_model(tmp_path, trained_tiny_model, process
 def test_pages_are_read_by_the_page_pipeline_and_scored_as_page_text(tmp_path, trained_tiny_model, processor):
     """A page item is what `gravityocr ocr` makes of the page, not one crop of it; crops and
     pages share one report, and the exactness check covers the pages too."""
-    from gravityocr.model.evaluation import evaluate
-    from gravityocr.model.metrics import page_similarity
+    from gravityocr.model.evaluation.report import evaluate
+    from gravityocr.model.evaluation.scores import page_similarity
     from gravityocr.pipelines.documents import Page
     from gravityocr.pipelines.evaluation import evaluate_set
     from gravityocr.pipelines.page_ocr import PageOcr, PageOcrConfig
     from gravityocr.pipelines.recognizer import CropRecognizer, RecognizerConfig
-    from gravityocr.pipelines.synthetic_pages import sample_pages
+    from gravityocr.bench.synthetic_pages import sample_pages
 
     recognizer = Recognizer(trained_tiny_model, processor)
     (page,) = sample_pages(1, seed=3)

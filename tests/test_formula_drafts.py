@@ -7,7 +7,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from gravityocr.model.formula_drafts import CommandShape, LatexNames
+from gravityocr.model.decode.formula_drafts import CommandShape, LatexNames
 
 
 @pytest.fixture(scope="module")

@@ -11,12 +11,12 @@ import torch
 from safetensors.torch import load_file
 
 from gravityocr.cli import main
-from gravityocr.model import synthetic
-from gravityocr.model.decoding import greedy_decode, speculative_decode
-from gravityocr.model.grpo import CropSource, GrpoConfig, GrpoTrainer, group_advantages, policy_loss, response_log_probs
-from gravityocr.model.joint_loss import Objective, TrainingSample, build_joint_batch, joint_loss
-from gravityocr.model.loading import DEFAULT_MODEL_DIR, load_recognizer
-from gravityocr.model.rollouts import sample_group
+from gravityocr.model.training import synthetic
+from gravityocr.model.decode.reference import greedy_decode, speculative_decode
+from gravityocr.model.training.grpo import CropSource, GrpoConfig, GrpoTrainer, group_advantages, policy_loss, response_log_probs
+from gravityocr.model.training.joint_loss import Objective, TrainingSample, build_joint_batch, joint_loss
+from gravityocr.model.network.loading import DEFAULT_MODEL_DIR, load_recognizer
+from gravityocr.model.training.rollouts import sample_group
 
 
 def test_sampling_near_zero_temperature_is_greedy_decoding(trained_tiny_model, overfit_samples, tokenizer):

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gravityocr.model.attention import CLEAN, STREAM_A, STREAM_B
-from gravityocr.model.configs import TINY, build_config
-from gravityocr.model.joint_loss import (IGNORE, Objective, backward_in_micro_batches, build_joint_batch, joint_loss,
+from gravityocr.model.decode.attention import CLEAN, STREAM_A, STREAM_B
+from gravityocr.model.network.configs import TINY, build_config
+from gravityocr.model.training.joint_loss import (IGNORE, Objective, backward_in_micro_batches, build_joint_batch, joint_loss,
                                          split_by_length)
-from gravityocr.model.modeling import GravityOcrForConditionalGeneration
-from gravityocr.model.training import TrainConfig
+from gravityocr.model.network.modeling import GravityOcrForConditionalGeneration
+from gravityocr.model.training.train import TrainConfig
 
 
 def _fresh_model(tokenizer):

@@ -18,7 +18,7 @@ from gravityocr.pipelines.layout import (
     make_line_splitter,
     reading_order,
 )
-from gravityocr.pipelines.synthetic_pages import (
+from gravityocr.bench.synthetic_pages import (
     LINE_PITCH,
     font,
     sectioned_columns_page,

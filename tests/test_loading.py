@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from gravityocr.model.decoding import speculative_decode
-from gravityocr.model.loading import Recognizer, load_recognizer, save_recognizer
+from gravityocr.model.decode.reference import speculative_decode
+from gravityocr.model.network.loading import Recognizer, load_recognizer, save_recognizer
 
 from conftest import random_image
 
@@ -37,7 +37,7 @@ def test_glm_ocr_checkpoint_without_mask_embedding_loads(tmp_path, tiny_model_fa
     plain = GlmOcrForConditionalGeneration(source.config)
     plain.load_state_dict({k: v for k, v in source.state_dict().items() if k != "mask_embedding"})
     plain.save_pretrained(tmp_path)
-    from gravityocr.model.modeling import GravityOcrForConditionalGeneration
+    from gravityocr.model.network.modeling import GravityOcrForConditionalGeneration
 
     loaded = GravityOcrForConditionalGeneration.from_pretrained(tmp_path)
     assert torch.isfinite(loaded.mask_embedding).all()

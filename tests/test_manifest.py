@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from gravityocr.model.manifest import ManifestItem, read_manifest, write_manifest, write_synthetic_set
-from gravityocr.model.synthetic import CURRICULUM, MAX_HEIGHT, MAX_WIDTH, VOCABULARY
+from gravityocr.model.evaluation.manifest import ManifestItem, read_manifest, write_manifest, write_synthetic_set
+from gravityocr.model.training.synthetic import CURRICULUM, MAX_HEIGHT, MAX_WIDTH, VOCABULARY
 
 HELDOUT = Path(__file__).resolve().parents[1] / "data" / "heldout"
 

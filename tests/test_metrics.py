@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gravityocr.model.metrics import (
+from gravityocr.model.evaluation.scores import (
     canonicalize_latex, formula_similarity, page_similarity, parse_table, score, teds, text_similarity,
 )
 

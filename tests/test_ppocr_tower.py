@@ -19,7 +19,7 @@ ort = pytest.importorskip("onnxruntime")
 
 from gravityocr.bench.tower import main as bench_main  # noqa: E402
 from gravityocr.bench.tower import render_line  # noqa: E402
-from gravityocr.model.ppocr_tower import (  # noqa: E402
+from gravityocr.model.network.ppocr_tower import (  # noqa: E402
     CHECKSUM_KEY,
     PPOCRv6Recognizer,
     convert_onnx,

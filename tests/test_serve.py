@@ -16,10 +16,11 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from gravityocr.model.decode_settings import DecodeSettings
+from gravityocr.model.decode.settings import DecodeSettings
 from gravityocr.model.engine.config import speculative_max_batch_for
-from gravityocr.model.loading import Recognizer, load_recognizer, save_recognizer
-from gravityocr.pipelines import ocr_cli, synthetic_pages
+from gravityocr.model.network.loading import Recognizer, load_recognizer, save_recognizer
+from gravityocr.bench import synthetic_pages
+from gravityocr.pipelines import ocr_cli
 from gravityocr.pipelines.assembly import PageResult, document_markdown
 from gravityocr.pipelines.batch_job import BatchJobConfig, run_batch_job
 from gravityocr.pipelines.documents import load_pages
@@ -396,7 +397,7 @@ def test_abandoned_page_crops_come_back_as_errors_and_leave_the_engine(never_end
         engine_requests = EngineRequests(loop)
         results = []
         reader = threading.Thread(target=lambda: results.extend(
-            # tables: their output is never cut as a loop (model/stopping.py), so each decodes on
+            # tables: their output is never cut as a loop (model/decode/stopping.py), so each decodes on
             crops.recognize([(random_image(20 + i, 336, 224), "table") for i in range(3)],
                             submit=engine_requests.submit_all)))
         reader.start()

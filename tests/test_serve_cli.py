@@ -26,8 +26,8 @@ import pytest
 import yaml
 
 from document_fixtures import tiny_recognizer
-from gravityocr.model.loading import save_recognizer
-from gravityocr.model.processor import TASK_PROMPTS
+from gravityocr.model.network.loading import save_recognizer
+from gravityocr.model.network.processor import TASK_PROMPTS
 from gravityocr.serve.cli import DEFAULT_CONFIG
 from gravityocr.serve.schemas import ChatCompletionResponse, OcrResponse
 from ports import free_port

@@ -13,12 +13,12 @@ from safetensors.torch import load_file
 
 from gravityocr.cli import main
 from gravityocr.corpus.build import BuildConfig, build
-from gravityocr.model.decoding import greedy_decode, speculative_decode
-from gravityocr.model.loading import Recognizer, load_recognizer, save_recognizer
-from gravityocr.model.ppocr_tower import convert_onnx, rapidocr_model_path
-from gravityocr.model.ppocr_tower import load_ppocr_recognizer as load_tower
-from gravityocr.model.strip_training import read_cache
-from gravityocr.model.strip_vision import UNREAD_BIAS, ReadingPrefix
+from gravityocr.model.decode.reference import greedy_decode, speculative_decode
+from gravityocr.model.network.loading import Recognizer, load_recognizer, save_recognizer
+from gravityocr.model.network.ppocr_tower import convert_onnx, rapidocr_model_path
+from gravityocr.model.network.ppocr_tower import load_ppocr_recognizer as load_tower
+from gravityocr.model.training.strips import read_cache
+from gravityocr.model.network.strip_vision import UNREAD_BIAS, ReadingPrefix
 
 from test_corpus_build import fixture_package  # noqa: F401  (the one-PDF Debian package)
 
@@ -82,7 +82,7 @@ def test_cache_train_resume_and_decode_exactly(tmp_path, fixture_package, tiny_m
 
 
 def test_length_weights_favour_long_texts_and_keep_each_types_share():
-    from gravityocr.model.strip_training import LONGEST_WEIGHT, SHORTEST_WEIGHT, CachedItem, length_weights
+    from gravityocr.model.training.strips import LONGEST_WEIGHT, SHORTEST_WEIGHT, CachedItem, length_weights
 
     texts = [("text", "ab"), ("text", "a" * 40), ("text", "b" * 1000), ("table", "x" * 50), ("table", "y" * 500)]
     items = [CachedItem(str(i), kind, None, None, [], text) for i, (kind, text) in enumerate(texts)]

@@ -11,13 +11,13 @@ import pytest
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
-from gravityocr.model.configs import build_config
-from gravityocr.model.decoding import greedy_decode, speculative_decode
+from gravityocr.model.network.configs import build_config
+from gravityocr.model.decode.reference import greedy_decode, speculative_decode
 from gravityocr.model.engine import Engine, EngineConfig, Request
-from gravityocr.model.loading import Recognizer, load_recognizer, save_recognizer
-from gravityocr.model.modeling import STRIP_TOWER, GravityOcrForConditionalGeneration, vision_tower_of
-from gravityocr.model.processor import OcrProcessor
-from gravityocr.model.strip_vision import (CELL_WIDTH, IMAGE_HEIGHT, ReadingPrefix, StripImageProcessor, cells_to_strips,
+from gravityocr.model.network.loading import Recognizer, load_recognizer, save_recognizer
+from gravityocr.model.network.modeling import STRIP_TOWER, GravityOcrForConditionalGeneration, vision_tower_of
+from gravityocr.model.network.processor import OcrProcessor
+from gravityocr.model.network.strip_vision import (CELL_WIDTH, IMAGE_HEIGHT, ReadingPrefix, StripImageProcessor, cells_to_strips,
                                            reading_slots)
 
 from conftest import SEPARATED_INIT
@@ -111,8 +111,9 @@ def test_the_reading_prefix_is_its_tokens_embeddings_plus_the_marker(strip_recog
     with torch.no_grad():
         filled = model.encode_images(prompt.pixel_values, prompt.image_grid_thw)[0]
         features = model.strip_vision.token_features(prompt.pixel_values, prompt.image_grid_thw)[0]
-        ids = model.strip_vision.reading_ids(model.strip_vision.reading_logits(features), height // 2, width // 2,
-                                              model.reading_prefix)
+        read = model.strip_vision.reading(model.strip_vision.reading_logits(features), height // 2, width // 2,
+                                          model.reading_prefix)
+        ids = model.strip_vision.reading_ids(read, height // 2, width // 2, model.reading_prefix, features.device)
         expected = model.get_input_embeddings()(ids) + model.strip_vision.reading_marker
     assert torch.equal(filled[height * width // 4:], expected)
     assert model.strip_vision.reading_marker.abs().sum() > 0
@@ -143,8 +144,8 @@ def test_the_reading_prefix_holds_what_the_pretrained_classifier_reads(tokenizer
     """With the pretrained weights, a clean line's reading prefix is its text, and a
     two-line crop's is both lines (one per strip, overlapping strips read them again)
     joined by newlines, then empty positions up to the slot count."""
-    from gravityocr.model.ppocr_tower import convert_onnx, rapidocr_model_path
-    from gravityocr.model.strip_training import start_model
+    from gravityocr.model.network.ppocr_tower import convert_onnx, rapidocr_model_path
+    from gravityocr.model.training.strips import start_model
 
     start = tmp_path / "start"
     config = build_config(tokenizer, SEPARATED_INIT)
@@ -158,8 +159,12 @@ def test_the_reading_prefix_holds_what_the_pretrained_classifier_reads(tokenizer
         _, height, width = prompt.image_grid_thw[0].tolist()
         with torch.no_grad():
             features = model.strip_vision.token_features(prompt.pixel_values, prompt.image_grid_thw)[0]
-            ids = model.strip_vision.reading_ids(model.strip_vision.reading_logits(features), height // 2, width // 2,
-                                                  prefix).tolist()
+            reading = model.strip_vision.reading(model.strip_vision.reading_logits(features), height // 2,
+                                                 width // 2, prefix)
+            ids = model.strip_vision.reading_ids(reading, height // 2, width // 2, prefix, features.device).tolist()
+            readings = []
+            model.encode_images(prompt.pixel_values, prompt.image_grid_thw, readings)
+        assert readings == [reading]  # what the engine drafts from (model/decode/reading_drafts.py)
         assert len(ids) == reading_slots(height // 2, width // 2) == int((prompt.input_ids == prefix.placeholder_id).sum())
         read = [i for i in ids if i != prefix.empty_id]
         assert ids[len(read):] == [prefix.empty_id] * (len(ids) - len(read))
@@ -186,11 +191,12 @@ def test_every_decoding_path_is_exact_with_the_strip_tower(strip_recognizer):
         for prompt, expected in zip(prompts, greedy):
             assert speculative_decode(model, prompt, 24, eos, 8).token_ids == expected
     longest = max(p.length for p in prompts) + 24
-    # batch 4: speculating at every batch size, and past a cap of 1 (AR rounds above it)
-    for cap in (0, 1):
+    # batch 4: speculating at every batch size, and past a cap of 1 (AR rounds above it);
+    # drafts from the reading prefix (the default for such a model) and from masks
+    for cap, reading in ((0, True), (1, True), (0, False)):
         engine = Engine(model, EngineConfig(max_batch_size=4, max_seq_len=longest, block_size=8, mode="spec",
-                                            dtype=torch.float64, num_threads=1, speculative_max_batch=cap or None),
-                        eos)
+                                            dtype=torch.float64, num_threads=1, speculative_max_batch=cap or None,
+                                            reading_drafts=reading), eos)
         results = {r.request_id: r.token_ids for r in engine.generate(
             [Request(str(i), prompt, 24) for i, prompt in enumerate(prompts)])}
         assert [results[str(i)] for i in range(len(prompts))] == greedy
@@ -199,7 +205,7 @@ def test_every_decoding_path_is_exact_with_the_strip_tower(strip_recognizer):
 def test_the_output_budget_holds_every_real_item_and_bounds_a_short_line(strip_recognizer):
     """The budget a crop's size allows (OcrProcessor.output_budget) is never shorter than the
     true text of the committed real-document items, and a short word gets a short budget."""
-    from gravityocr.model.manifest import read_manifest
+    from gravityocr.model.evaluation.manifest import read_manifest
 
     processor = strip_recognizer.processor
     items = read_manifest(Path(__file__).parents[1] / "data" / "real")

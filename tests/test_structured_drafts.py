@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gravityocr.model.decoding import greedy_decode, speculative_decode
-from gravityocr.model.draft_rules import DraftRules
+from gravityocr.model.decode.reference import greedy_decode, speculative_decode
+from gravityocr.model.decode.draft_rules import DraftRules
 from gravityocr.model.engine import Engine, EngineConfig, Request
-from gravityocr.model.evaluation import MAX_NEW_TOKENS
-from gravityocr.model.formula_drafts import CommandShape
-from gravityocr.model.loading import DEFAULT_MODEL_DIR, load_recognizer
-from gravityocr.model.manifest import read_manifest
+from gravityocr.model.evaluation.report import MAX_NEW_TOKENS
+from gravityocr.model.decode.formula_drafts import CommandShape
+from gravityocr.model.network.loading import DEFAULT_MODEL_DIR, load_recognizer
+from gravityocr.model.evaluation.manifest import read_manifest
 
 HELDOUT = DEFAULT_MODEL_DIR.parents[1] / "data" / "heldout"
 KINDS = ["table", "formula"]  # tables: rows without a shape, beside formulas in one batch

@@ -10,8 +10,8 @@ import re
 import numpy as np
 import pytest
 
-from gravityocr.model.metrics import canonicalize_latex, parse_table
-from gravityocr.model.synthetic import (
+from gravityocr.model.evaluation.scores import canonicalize_latex, parse_table
+from gravityocr.model.training.synthetic import (
     CURRICULUM, KINDS, MAX_HEIGHT, MAX_WIDTH, TOKEN_PX, VOCABULARY, CurriculumStage, clean_text, corpus,
     crop_stream, generate_crop,
 )
@@ -142,7 +142,7 @@ def test_corpus_has_prose_and_code():
 
 def test_a_saved_corpus_replaces_the_machines_own(tmp_path, monkeypatch):
     """A leased machine renders this machine's text: the corpus travels as a file."""
-    from gravityocr.model import synthetic
+    from gravityocr.model.training import synthetic
 
     saved = tmp_path / "corpus.json"
     synthetic.write_corpus(saved)

@@ -10,8 +10,8 @@ import torch
 from safetensors.torch import load_file
 
 from gravityocr.cli import main
-from gravityocr.model.schedule import REPLAN_EVERY, TIME_BUDGET_WINDOW, LearningRateSchedule, TimeBudget
-from gravityocr.model.training import CurriculumPhase, TrainConfig, Trainer
+from gravityocr.model.training.schedule import REPLAN_EVERY, TIME_BUDGET_WINDOW, LearningRateSchedule, TimeBudget
+from gravityocr.model.training.train import CurriculumPhase, TrainConfig, Trainer
 
 # The stages that trained the previous default (docs/training-log.md), in order: 01-*.yaml ...
 LINEAGE_RECIPES = sorted((Path(__file__).resolve().parents[1] / "recipes").glob("[0-9][0-9]-*.yaml"))
@@ -105,7 +105,7 @@ def test_micro_batched_steps_train_like_whole_steps(tmp_path):
 
 
 def test_many_loader_workers_deliver_the_single_worker_batches_in_step_order(tmp_path):
-    from gravityocr.model.training import CropBatches, build_fresh_recognizer
+    from gravityocr.model.training.train import CropBatches, build_fresh_recognizer
 
     phases = [CurriculumPhase("mono-2-5", 2), CurriculumPhase("fonts-8-20", 5)]
     config = TrainConfig(output_dir=str(tmp_path), size="tiny", steps=7, batch_size=3, curriculum=phases, threads=1)
@@ -194,8 +194,8 @@ def test_a_resumed_budgeted_run_keeps_its_plan_unless_asked_for_another(tmp_path
 
 
 def test_a_phase_can_restrict_its_stage_to_one_content_type(tmp_path):
-    from gravityocr.model import synthetic
-    from gravityocr.model.training import sample_for_step
+    from gravityocr.model.training import synthetic
+    from gravityocr.model.training.train import sample_for_step
 
     recipe = tmp_path / "formulas.yaml"
     recipe.write_text("curriculum:\n  - {stage: fonts-8-20, steps: 0}\n  - {stage: hard, kind: formula, steps: 5}\n"
@@ -256,7 +256,7 @@ def test_a_recipe_that_extends_wrongly_is_refused_with_the_file_named(tmp_path):
 
 
 def test_no_two_lineage_recipes_write_to_the_same_run_directory():
-    from gravityocr.model.grpo import GrpoConfig
+    from gravityocr.model.training.grpo import GrpoConfig
 
     output_dirs = {}
     for recipe in LINEAGE_RECIPES:

@@ -14,9 +14,9 @@ loop.py       EngineLoop: one engine on a thread of its own, fed by many callers
               CropRecognizer owns one: `ocr`, eval, the batch job's actors, serve's replicas)
 """
 
-from .config import CacheTooLarge, EngineConfig, RequestTooLong
-from .engine import Engine, EngineStats
-from .sequence import Request, RequestResult, RequestTimings
+from gravityocr.model.engine.config import CacheTooLarge, EngineConfig, RequestTooLong
+from gravityocr.model.engine.engine import Engine, EngineStats
+from gravityocr.model.engine.sequence import Request, RequestResult, RequestTimings
 
 __all__ = [
     "CacheTooLarge", "Engine", "EngineConfig", "EngineStats", "Request", "RequestResult", "RequestTimings",

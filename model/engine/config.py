@@ -9,7 +9,7 @@ from typing import Literal
 
 import torch
 
-from ..processor import InvalidInput
+from gravityocr.model.network.processor import InvalidInput
 
 
 class RequestTooLong(InvalidInput):
@@ -42,7 +42,7 @@ def speculative_max_batch_for(device: str, threads: int) -> int | None:
 @dataclass
 class EngineConfig:
     """The engine's own configuration. Commands build it from the user's decoding settings
-    through `DecodeSettings.engine_config` (model/decode_settings.py), which resolves the
+    through `DecodeSettings.engine_config` (model/decode/settings.py), which resolves the
     product's defaults; here each batch cap is already resolved, None meaning no cap."""
 
     max_batch_size: int = 64  # cache slots = sequences decoded together in one round
@@ -58,6 +58,10 @@ class EngineConfig:
     # --fixed-block` measures fixed blocks beside it). Same output either way.
     adaptive_block: bool = True
     adaptive_window: int = 4  # rounds that "recent" covers
+    # A model with a reading prefix: speculative rounds verify the reading's next tokens
+    # instead of running a draft pass (model/decode/reading_drafts.py; `gravityocr bench
+    # decode --no-reading-drafts` measures mask drafts beside them). Same output either way.
+    reading_drafts: bool = True
     # Speculative rounds only while at most this many sequences run, plain AR rounds above
     # (None: at any batch size). A round of B drafts costs about 2(B + 1) token positions per
     # sequence for the ~4 it commits: nearly free where a pass costs the same whatever its

@@ -20,13 +20,13 @@ from dataclasses import dataclass
 
 import torch
 
-from ..decoding import first_block
-from ..draft_rules import DraftRules
-from . import rounds
-from .config import EngineConfig
-from .runner import ModelRunner
-from .scheduler import Scheduler
-from .sequence import Request, RequestResult, Sequence
+from gravityocr.model.decode.reference import first_block
+from gravityocr.model.decode.draft_rules import DraftRules
+from gravityocr.model.engine import rounds
+from gravityocr.model.engine.config import EngineConfig
+from gravityocr.model.engine.runner import ModelRunner
+from gravityocr.model.engine.scheduler import Scheduler
+from gravityocr.model.engine.sequence import Request, RequestResult, Sequence
 
 
 @dataclass
@@ -80,6 +80,8 @@ class Engine:
         # memory anyway; on an accelerator that would cost a transfer between the two passes.
         self._structured_classic_drafts = (draft_rules is not None
                                            and torch.device(self.config.device).type == "cpu")
+        # Rounds draft from the reading prefix where the model has one: no masks in the prefill.
+        self._reading_drafts = self.config.reading_drafts and self.model.reading_prefix is not None
         self.runner = ModelRunner(self.model, self.config)
         self.scheduler = Scheduler(self.runner.cache, self.config.max_batch_size)
         self._stats = EngineStats()
@@ -177,8 +179,9 @@ class Engine:
         those it finished."""
         start = time.perf_counter()
         speculating = self.config.speculates(len(self.scheduler.running))  # newcomers are running already
-        blocks = [first_block(self.config.block_size, s.max_new_tokens) if speculating else 0 for s in newcomers]
-        outcomes = rounds.prefill(self.runner, newcomers, blocks)
+        masks = speculating and not self._reading_drafts
+        blocks = [first_block(self.config.block_size, s.max_new_tokens) if masks else 0 for s in newcomers]
+        outcomes = rounds.prefill(self.runner, newcomers, blocks, self._reading_drafts)
         elapsed = time.perf_counter() - start
         self._stats.prefill_seconds += elapsed
         for sequence in newcomers:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from .config import CacheTooLarge, EngineConfig
+from gravityocr.model.engine.config import CacheTooLarge, EngineConfig
 
 
 def _free_memory_bytes(device: torch.device) -> int | None:

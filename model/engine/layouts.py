@@ -4,7 +4,7 @@ Every pass of the engine is a `PassLayout` run by `ModelRunner.run`: the prefill
 newcomers (image + prompt, then the masks that draft the first round), a draft pass
 [x, M x b], a verify pass [y, d_2..d_b] and an AR step [x]. Rows have different cache
 lengths, prompt lengths and blocks; inputs are padded to a rectangle and the pattern gives
-each row exactly the attention the single-sequence reference (`decoding.py`) gives it,
+each row exactly the attention the single-sequence reference (`model/decode/reference.py`) gives it,
 so every committed token is the same argmax. Padding only ever comes after a row's real
 tokens and is never attended to by them; its KV lands beyond the row's length and is
 dropped like a rejected draft.
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .sequence import Sequence
+from gravityocr.model.engine.sequence import Sequence
 
 
 @dataclass
@@ -36,6 +36,9 @@ class PassLayout:
     columns: torch.Tensor | None = None  # (n, k) indices into the q new tokens
     pixel_values: torch.Tensor | None = None  # prefill: the rows' images, concatenated
     image_grid_thw: torch.Tensor | None = None
+    # written by `ModelRunner.run` for a prefill of a model with a reading prefix: each row's
+    # reading (token ids), what reading drafts are read from (model/decode/reading_drafts.py)
+    readings: list[list[int]] | None = None
 
 
 def _as_tensor(values, device) -> torch.Tensor:

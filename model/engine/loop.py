@@ -19,8 +19,8 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 
-from .engine import Engine, EngineStats
-from .sequence import Request, RequestResult
+from gravityocr.model.engine.engine import Engine, EngineStats
+from gravityocr.model.engine.sequence import Request, RequestResult
 
 log = logging.getLogger(__name__)
 TokenListener = Callable[[list[int]], None]

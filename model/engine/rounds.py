@@ -1,9 +1,10 @@
 """The engine's rounds as passes: the prefill of newcomers, a self-speculative round (draft
-pass, verify pass, accept the longest agreeing prefix and the bonus token) and an AR round,
+pass, verify pass, accept the longest agreeing prefix and the bonus token; a sequence that
+drafts from its reading prefix verifies without a draft pass) and an AR round,
 for many sequences at once. Each returns one `Outcome` per sequence, which the scheduler
 applies; none of them changes a sequence or the cache's bookkeeping.
 
-The same steps as the single-sequence reference (`decoding.py`), batched: a speculative
+The same steps as the single-sequence reference (`model/decode/reference.py`), batched: a speculative
 round has one device-to-host transfer, at its end (on a CPU a second one keeps a formula's
 drafts to structure between the two passes, where the drafts are host memory anyway).
 """
@@ -14,10 +15,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..structured_drafts import kept_to_structure
-from .layouts import ar_layout, draft_layout, prefill_layout, running_rows, verify_layout
-from .runner import ModelRunner
-from .sequence import Sequence
+from gravityocr.model.decode.reading_drafts import reading_drafts, reading_with_eos
+from gravityocr.model.decode.structured_drafts import kept_to_structure
+from gravityocr.model.engine.layouts import ar_layout, draft_layout, prefill_layout, running_rows, verify_layout
+from gravityocr.model.engine.runner import ModelRunner
+from gravityocr.model.engine.sequence import Sequence
 
 
 @dataclass
@@ -32,37 +34,40 @@ class Outcome:
     accepted: int | None = None  # speculative rounds: drafts accepted
     ar: bool = False  # an AR round
     drafts: list[int] = field(default_factory=list)  # drafts for the next round (the prefill's)
+    reading: list[int] | None = None  # the prefill's: the reading drafts come from, with its eos
 
 
-def prefill(runner: ModelRunner, sequences: list[Sequence], blocks: list[int]) -> list[Outcome]:
+def prefill(runner: ModelRunner, sequences: list[Sequence], blocks: list[int], reading_drafts: bool) -> list[Outcome]:
     """Image + prompt of each newcomer into its slot, with `blocks[i]` masks after it (0: no
-    drafts); each gets its first response token and drafts for the tokens after it."""
+    drafts); each gets its first response token and drafts for the tokens after it, and
+    with `reading_drafts` (a model with a reading prefix) the reading later rounds draft from."""
     layout = prefill_layout(runner.model, sequences, blocks, runner.mask_id, runner.pad_id, runner.device)
     rows = runner.run(layout).argmax(-1).tolist()  # the one device-to-host transfer
-    return [Outcome([row[0]], kv_length=sequence.prompt_len, drafts=row[1:block])
-            for sequence, row, block in zip(sequences, rows, blocks)]
+    readings = layout.readings if reading_drafts and layout.readings is not None else [None] * len(sequences)
+    return [Outcome([row[0]], kv_length=sequence.prompt_len, drafts=row[1:block],
+                    reading=None if reading is None else reading_with_eos(reading, sequence.eos_ids))
+            for sequence, row, block, reading in zip(sequences, rows, blocks, readings)]
 
 
 def speculative(runner: ModelRunner, sequences: list[Sequence], block_size: int, adaptive: bool,
                 structured: bool) -> list[Outcome]:
-    """Draft pass [x, M x b] then verify pass [y, d_2..d_b] for every row. A row that came
-    with drafts (its prefill's) verifies [x, drafts] instead and its draft-pass row, if the
-    pass runs for others, is ignored. Rows that finish at y are verified anyway (the result
+    """Draft pass [x, M x b] then verify pass [y, d_2..d_b] for every row. A row that comes
+    with drafts (its prefill's, or its reading's) verifies [x, drafts] instead and its
+    draft-pass row, if the pass runs for others, is ignored. Rows that finish at y are verified anyway (the result
     is ignored), so that no transfer is needed between the passes. `structured`: the
     drafted rows' drafts are kept to their formula's structure between the passes."""
     device = runner.device
-    came_with = [_verifiable(s) for s in sequences]
-    blocks = [1 + len(d) if d else s.next_block(block_size, adaptive) for s, d in zip(sequences, came_with)]
+    came_with = [_verifiable(s, block_size, adaptive) for s in sequences]  # None: drafted here
+    blocks = [s.next_block(block_size, adaptive) if d is None else 1 + len(d) for s, d in zip(sequences, came_with)]
     n, width = len(sequences), max(blocks)
     past = running_rows(sequences, runner.cache.lengths)
     as_tensor = lambda values: torch.tensor(values, dtype=torch.long, device=device)
     last_tokens, x_positions = as_tensor([s.tokens[-1] for s in sequences]), as_tensor([s.x_position for s in sequences])
     block_sizes = as_tensor(blocks)
-    has_drafts = torch.tensor([bool(d) for d in came_with], device=device)
-    given = as_tensor([d + [runner.pad_id] * (width - 1 - len(d)) for d in came_with]).view(n, width - 1) \
-        if any(came_with) else None
+    has_drafts = torch.tensor([d is not None for d in came_with], device=device)
+    given = as_tensor([(d or []) + [runner.pad_id] * (width - 1 - len(d or [])) for d in came_with]).view(n, width - 1)
 
-    if all(came_with):
+    if all(d is not None for d in came_with):
         y, drafts = last_tokens, given
     else:
         draft_logits = runner.run(draft_layout(last_tokens, x_positions, past, block_sizes, width, runner.mask_id))
@@ -70,12 +75,11 @@ def speculative(runner: ModelRunner, sequences: list[Sequence], block_size: int,
         y, drafts = draft_logits[:, 0].argmax(-1), draft_logits[:, 2:].argmax(-1)
         if structured:
             drafts, block_sizes = _kept_to_structure(sequences, came_with, y, drafts, block_sizes, runner.pad_id)
-        if given is not None:
-            y = torch.where(has_drafts, last_tokens, y)
-            drafts = torch.where(has_drafts[:, None], given, drafts)
+        y = torch.where(has_drafts, last_tokens, y)
+        drafts = torch.where(has_drafts[:, None], given, drafts)
 
     # after x, or at x for a row verifying from x (x's KV is written again)
-    verify_past = [cached + (0 if d else 1) for cached, d in zip(past, came_with)]
+    verify_past = [cached + (1 if d is None else 0) for cached, d in zip(past, came_with)]
     predictions = runner.run(verify_layout(y, drafts, x_positions + 1 - has_drafts.long(), verify_past)).argmax(-1)
     in_block = torch.arange(width - 1, device=device)[None, :] < (block_sizes - 1)[:, None]
     agrees = (drafts == predictions[:, :-1]) & in_block
@@ -85,9 +89,10 @@ def speculative(runner: ModelRunner, sequences: list[Sequence], block_size: int,
     outcomes = []
     for cached, row, drafts_given in zip(past, rows, came_with):
         a, row_drafts, row_predictions = row[1], row[2:1 + width], row[1 + width:]
+        drafted_here = drafts_given is None
         # KV kept: x and the accepted drafts (+ y where the row drafted it itself)
-        outcomes.append(Outcome(row_drafts[:a] + [row_predictions[a]], kv_length=cached + (1 if drafts_given else 2) + a,
-                                y=None if drafts_given else row[0], accepted=a))
+        outcomes.append(Outcome(row_drafts[:a] + [row_predictions[a]], kv_length=cached + 1 + drafted_here + a,
+                                y=row[0] if drafted_here else None, accepted=a))
     return outcomes
 
 
@@ -101,23 +106,30 @@ def ar(runner: ModelRunner, sequences: list[Sequence]) -> list[Outcome]:
     return [Outcome([token], kv_length=cached + 1, ar=True) for token, cached in zip(tokens, past)]
 
 
-def _verifiable(sequence: Sequence) -> list[int]:
-    """The prefill's drafts a sequence verifies in its first round: no more than may still be
-    committed after the bonus, kept to its formula's structure."""
-    if not sequence.drafts:
-        return []
+def _verifiable(sequence: Sequence, block_size: int, adaptive: bool) -> list[int] | None:
+    """Drafts a sequence verifies without a draft pass: its reading's (where it drafts from
+    its reading; none where the reading has no place to continue from: it then verifies [x]
+    alone, an AR step) or its prefill's (its first round); no more than may still be
+    committed after the bonus, kept to its formula's structure. None: the round drafts for it."""
     room = max(0, sequence.max_new_tokens - len(sequence.tokens) - 1)
-    return kept_to_structure(sequence.shape, sequence.drafts[:room])
+    if sequence.reading is not None:
+        drafts = reading_drafts(sequence.tokens, sequence.reading, sequence.next_block(block_size, adaptive) - 1)
+    elif sequence.drafts:
+        drafts = sequence.drafts
+    else:
+        return None
+    kept = kept_to_structure(sequence.shape, drafts[:room])
+    return kept if kept or sequence.reading is not None else None
 
 
 def _kept_to_structure(sequences: list[Sequence], came_with: list[list[int]], y: torch.Tensor, drafts: torch.Tensor,
                        block_sizes: torch.Tensor, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The draft pass's drafts of rows with a shape kept to the structure that follows their
-    y (model/structured_drafts.py); a row's block shrinks where fewer are kept, the padding
+    y (model/decode/structured_drafts.py); a row's block shrinks where fewer are kept, the padding
     after it never accepted."""
     rows, sizes = drafts.tolist(), block_sizes.tolist()
     for i, (sequence, row_y) in enumerate(zip(sequences, y.tolist())):
-        if sequence.shape is None or came_with[i]:
+        if sequence.shape is None or came_with[i] is not None:
             continue
         after_y = sequence.shape.copy()
         after_y.feed(row_y)

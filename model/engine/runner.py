@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from .config import EngineConfig
-from .kv_cache import SlotKVCache, rows_attention_mask
-from .layouts import PassLayout
+from gravityocr.model.engine.config import EngineConfig
+from gravityocr.model.engine.kv_cache import SlotKVCache, rows_attention_mask
+from gravityocr.model.engine.layouts import PassLayout
 
 
 class ModelRunner:
@@ -34,7 +34,9 @@ class ModelRunner:
         image_embeds = None
         if layout.pixel_values is not None:
             pixels = layout.pixel_values.to(self.device, self.config.dtype)
-            image_embeds = torch.cat(model.encode_images(pixels, layout.image_grid_thw.to(self.device)))
+            readings = [] if model.reading_prefix is not None else None
+            image_embeds = torch.cat(model.encode_images(pixels, layout.image_grid_thw.to(self.device), readings))
+            layout.readings = readings
         hidden = model.model.language_model(
             inputs_embeds=model.embed(layout.ids, image_embeds), position_ids=layout.positions, attention_mask=mask,
             cache=self.cache, use_cache=True,

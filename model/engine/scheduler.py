@@ -9,7 +9,7 @@ the sequence in the last slot moves into its place (its KV moves with it), so ev
 reads the cache as a view of its first n slots instead of gathering rows.
 
 `apply` is the one place a round's outcome reaches a sequence: its tokens are committed
-until it finishes (model/stopping.py, the reference decoders' rule), its statistics
+until it finishes (model/decode/stopping.py, the reference decoders' rule), its statistics
 counted as the reference counts them, and its slot keeps the KV of committed tokens only.
 """
 
@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from collections import deque
 
-from .kv_cache import SlotKVCache
-from .rounds import Outcome
-from .sequence import Sequence
+from gravityocr.model.engine.kv_cache import SlotKVCache
+from gravityocr.model.engine.rounds import Outcome
+from gravityocr.model.engine.sequence import Sequence
 
 
 class Scheduler:
@@ -63,6 +63,8 @@ class Scheduler:
         sequence.stats.forward_passes += passes
         sequence.stats.ar_rounds += outcome.ar
         sequence.drafts = outcome.drafts
+        if outcome.reading is not None:
+            sequence.reading = outcome.reading
         self.cache.keep(sequence.slot, outcome.kv_length)
         return passes, len(sequence.tokens) - before
 

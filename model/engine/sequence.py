@@ -8,9 +8,9 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from ..decoding import DecodeStats
-from ..processor import EncodedPrompt
-from ..stopping import stop_reason
+from gravityocr.model.decode.reference import DecodeStats
+from gravityocr.model.network.processor import EncodedPrompt
+from gravityocr.model.decode.stopping import stop_reason
 
 
 @dataclass
@@ -32,7 +32,7 @@ class RequestResult:
     request_id: str
     token_ids: list[int]  # committed tokens, the eos included when one was produced
     text: str | None  # decoded when the engine was given a tokenizer or processor
-    finish_reason: str  # "eos" | "repetition" | "length" (model/stopping.py)
+    finish_reason: str  # "eos" | "repetition" | "length" (model/decode/stopping.py)
     stats: DecodeStats
     timings: RequestTimings
     task: str = "text"  # the prompt's content type (metrics group decode figures by it)
@@ -54,7 +54,10 @@ class Sequence:
     # Drafts for the tokens after the last committed one, written by the prefill: the
     # first speculative round verifies them instead of running a draft pass.
     drafts: list[int] = field(default_factory=list)
-    shape: object = None  # what the committed tokens say of a formula (model/structured_drafts.py)
+    shape: object = None  # what the committed tokens say of a formula (model/decode/structured_drafts.py)
+    # what the vision tower read, followed by the eos (set by the prefill where the engine
+    # drafts from it): model/decode/reading_drafts.py
+    reading: list[int] | None = None
 
     @property
     def prompt_len(self) -> int:
@@ -66,7 +69,7 @@ class Sequence:
 
     @property
     def finish_reason(self) -> str | None:
-        """model/stopping.py's rule, the one the reference decoders apply."""
+        """model/decode/stopping.py's rule, the one the reference decoders apply."""
         return stop_reason(self.tokens, self.eos_ids, self.max_new_tokens, self.request.prompt.task)
 
     @property

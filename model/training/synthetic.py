@@ -37,8 +37,8 @@ from matplotlib.font_manager import FontProperties
 from matplotlib.mathtext import MathTextParser
 from PIL import Image, ImageDraw, ImageEnhance, ImageFilter, ImageFont
 
-from .metrics import canonicalize_latex
-from .tokenizer import character_vocabulary
+from gravityocr.model.evaluation.scores import canonicalize_latex
+from gravityocr.model.network.tokenizer import character_vocabulary
 
 KINDS = ("text", "table", "formula")
 

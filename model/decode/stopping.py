@@ -1,6 +1,6 @@
 """When a decoded sequence stops: at eos, at its token budget, or in a repetition loop.
 
-One rule for every decoder (the reference decoders in `decoding.py` and the engine's
+One rule for every decoder (the reference decoders in `reference.py` and the engine's
 sequences): each commits token by token and asks `stop_reason` before every token, so
 speculative and greedy AR decoding stop at the same token and exactness holds with the
 loop cut as well.

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     import torch
 
-    from .engine.config import EngineConfig
+    from gravityocr.model.engine.config import EngineConfig
 
 MODES = ("spec", "ar")
 
@@ -93,7 +93,7 @@ class DecodeSettings:
         never None: what `engine_config` runs and what reports say was run."""
         speculative = self.speculative_max_batch
         if speculative is None:
-            from .engine.config import speculative_max_batch_for  # the engine loads lazily
+            from gravityocr.model.engine.config import speculative_max_batch_for  # the engine loads lazily
 
             speculative = speculative_max_batch_for(device, threads) or 0
         return dataclasses.replace(self, speculative_max_batch=speculative)
@@ -102,7 +102,7 @@ class DecodeSettings:
                       max_seq_len: int) -> "EngineConfig":
         """The engine configuration these settings decode with. The one place user settings
         become an `EngineConfig`, so that every command resolves the cap alike."""
-        from .engine.config import EngineConfig
+        from gravityocr.model.engine.config import EngineConfig
 
         resolved = self.resolved(device, threads)
         return EngineConfig(max_batch_size=max_batch_size, max_seq_len=max_seq_len, block_size=self.block_size,
@@ -134,7 +134,7 @@ def add_decode_arguments(parser: argparse.ArgumentParser, defaults: DecodeSettin
     only for commands that decode in one mode chosen by the user."""
     defaults = defaults or DecodeSettings()
     group = parser.add_argument_group(
-        "decoding", "the same flags and meanings in every command (model/decode_settings.py); the text is the "
+        "decoding", "the same flags and meanings in every command (model/decode/settings.py); the text is the "
                     "same under any of them, only the speed differs")
     if with_mode:
         group.add_argument("--mode", choices=MODES, default=None,

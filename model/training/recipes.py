@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from .loading import export_weights
+from gravityocr.model.network.loading import export_weights
 
 Settings = TypeVar("Settings")
 

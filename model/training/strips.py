@@ -7,7 +7,7 @@ projection and the text decoder alone, tens of samples a second on a CPU. The te
 and the mask embedding start from a trained recogniser (`init_from`), so only the
 projection into the decoder starts fresh: it trains alone first (`projection_steps`), then
 everything but the tower trains with the joint objective (clean stream + two complementary
-corrupted streams, model/joint_loss.py), the one the self-speculative decoder needs.
+corrupted streams, model/training/joint_loss.py), the one the self-speculative decoder needs.
 
 Checkpoints (weights in Hugging Face format plus the optimiser) are written every
 `checkpoint_every` steps; a run started again with the same output directory resumes.
@@ -27,15 +27,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .joint_loss import Objective, TrainingSample, backward_in_micro_batches, build_joint_batch
-from .loading import Recognizer, load_recognizer, reading_placeholder_id, save_recognizer
-from .metrics import score
-from .modeling import STRIP_TOWER, GravityOcrForConditionalGeneration, vision_tower_of
-from .ppocr_tower import load_ppocr_recognizer as load_tower
-from .processor import EncodedPrompt, OcrProcessor
-from .recipes import read_recipe
-from .schedule import LearningRateSchedule
-from .strip_vision import ReadingPrefix, StripImageProcessor, reading_head_weights
+from gravityocr.model.training.joint_loss import Objective, TrainingSample, backward_in_micro_batches, build_joint_batch
+from gravityocr.model.network.loading import Recognizer, load_recognizer, reading_placeholder_id, save_recognizer
+from gravityocr.model.evaluation.scores import score
+from gravityocr.model.network.modeling import STRIP_TOWER, GravityOcrForConditionalGeneration, vision_tower_of
+from gravityocr.model.network.ppocr_tower import load_ppocr_recognizer as load_tower
+from gravityocr.model.network.processor import EncodedPrompt, OcrProcessor
+from gravityocr.model.training.recipes import read_recipe
+from gravityocr.model.training.schedule import LearningRateSchedule
+from gravityocr.model.network.strip_vision import ReadingPrefix, StripImageProcessor, reading_head_weights
 
 
 @dataclass
@@ -45,7 +45,7 @@ class StripTrainConfig:
     output_dir: str = "runs/strips"
     init_from: str = "model/default"  # text decoder, mask embedding, tokenizer
     tower_weights: str = ""  # `convert_onnx` output; "" converts rapidocr's bundled file
-    reading_prefix: bool = False  # the decoder also reads the classifier's text (model/strip_vision.py)
+    reading_prefix: bool = False  # the decoder also reads the classifier's text (model/network/strip_vision.py)
     # Draw items of a type in proportion to their text's length (each type keeps its share of
     # the batch): a corpus build's text items are mostly words and short lines, a page's are long.
     sample_by_length: bool = False
@@ -124,7 +124,7 @@ def start_model(init_from: str | Path, tower_weights: str | Path, reading_prefix
 
 
 def default_tower_weights(cache_dir: Path) -> Path:
-    from .ppocr_tower import convert_onnx, rapidocr_model_path
+    from gravityocr.model.network.ppocr_tower import convert_onnx, rapidocr_model_path
 
     path = cache_dir / "ppocr_rec.safetensors"
     if not path.exists():
@@ -256,7 +256,7 @@ def length_weights(items: list[CachedItem]) -> list[float]:
 @torch.no_grad()
 def validate(recognizer: Recognizer, items: list[CachedItem]) -> dict[str, float]:
     """Greedy reading of held-out cached items: mean score by type."""
-    from .decoding import greedy_decode
+    from gravityocr.model.decode.reference import greedy_decode
 
     view = CachedTowerView(recognizer.model.eval())
     eos = set(recognizer.processor.eos_token_ids)

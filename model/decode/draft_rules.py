@@ -1,10 +1,10 @@
-"""Which structure a response's drafts are kept to, by its task (model/structured_drafts.py)."""
+"""Which structure a response's drafts are kept to, by its task (model/decode/structured_drafts.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .formula_drafts import CommandShape, LatexNames
+from gravityocr.model.decode.formula_drafts import CommandShape, LatexNames
 
 
 @dataclass(frozen=True)

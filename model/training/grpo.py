@@ -27,15 +27,15 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from . import synthetic
-from .joint_loss import IGNORE, JointBatch, Objective, TargetCounts, TrainingSample, backward_in_micro_batches, \
+from gravityocr.model.training import synthetic
+from gravityocr.model.training.joint_loss import IGNORE, JointBatch, Objective, TargetCounts, TrainingSample, backward_in_micro_batches, \
     build_joint_batch, joint_logits, split_by_length
-from .loading import DEFAULT_MODEL_DIR, load_recognizer
-from .metrics import score
-from .recipes import add_run_arguments, read_recipe, run_recipe
-from .rollouts import sample_group
-from .schedule import LearningRateSchedule
-from .training import drop_log_records_after, parameter_groups, write_checkpoint
+from gravityocr.model.network.loading import DEFAULT_MODEL_DIR, load_recognizer
+from gravityocr.model.evaluation.scores import score
+from gravityocr.model.training.recipes import add_run_arguments, read_recipe, run_recipe
+from gravityocr.model.training.rollouts import sample_group
+from gravityocr.model.training.schedule import LearningRateSchedule
+from gravityocr.model.training.train import drop_log_records_after, parameter_groups, write_checkpoint
 
 
 @dataclass

@@ -14,8 +14,8 @@ import torch
 from PIL import Image
 from transformers import Glm46VImageProcessorPil, PreTrainedTokenizerBase
 
-from .draft_rules import DraftRules
-from .tokenizer import SPECIAL
+from gravityocr.model.decode.draft_rules import DraftRules
+from gravityocr.model.network.tokenizer import SPECIAL
 
 # GLM-OCR's task prompts, one per content type.
 TASK_PROMPTS = {
@@ -82,7 +82,7 @@ class OcrProcessor:
     def __init__(self, tokenizer: PreTrainedTokenizerBase, image_processor, template: str = CHAR_TEMPLATE,
                  max_context: int = 4096, reading_placeholder_id: int | None = None):
         self.tokenizer = tokenizer
-        # a strip model with a reading prefix (model/strip_vision.py): its placeholders follow the image's
+        # a strip model with a reading prefix (model/network/strip_vision.py): its placeholders follow the image's
         self.reading_placeholder_id = reading_placeholder_id
         self.image_processor = image_processor
         self.template = template
@@ -121,7 +121,7 @@ class OcrProcessor:
         merge = self.image_processor.merge_size
         n_reading = 0
         if self.reading_placeholder_id is not None:
-            from .strip_vision import reading_slots
+            from gravityocr.model.network.strip_vision import reading_slots
 
             n_reading = reading_slots(height // merge, width // merge)
         return self.prompt_ids(height * width // (merge * merge), task, n_reading)

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .attention import JointLayout, complementary_mask_choice, joint_attention_mask, joint_position_ids, pad_square_masks
-from .modeling import GravityOcrForConditionalGeneration
-from .processor import EncodedPrompt
+from gravityocr.model.decode.attention import JointLayout, complementary_mask_choice, joint_attention_mask, joint_position_ids, pad_square_masks
+from gravityocr.model.network.modeling import GravityOcrForConditionalGeneration
+from gravityocr.model.network.processor import EncodedPrompt
 
 IGNORE = -100
 

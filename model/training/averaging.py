@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from .loading import Recognizer, load_recognizer, save_recognizer
+from gravityocr.model.network.loading import Recognizer, load_recognizer, save_recognizer
 
 
 class IncompatibleRecognizers(ValueError):

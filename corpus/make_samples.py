@@ -1,6 +1,6 @@
 """Regenerates the bundled sample documents (run from the repository root):
 
-    python -m gravityocr.bench.make_samples
+    python -m gravityocr.corpus.make_samples
 
 notice.png     one page of short monospace lines, the kind the small default model reads best
 report.pdf     two generated pages: title, paragraphs, a table and a formula
@@ -14,7 +14,7 @@ from pathlib import Path
 import matplotlib
 from PIL import Image, ImageDraw, ImageFont
 
-from gravityocr.pipelines import synthetic_pages
+from gravityocr.bench import synthetic_pages
 
 HERE = Path(__file__).resolve().parent.parent / "samples"
 NOTICE_LINES = ["Opening hours", "Mon 9 to 17", "Tue 9 to 17", "Wed closed", "Thu 9 to 20", "Fri 9 to 15",

@@ -113,7 +113,7 @@ def save_crop_image(image: Image.Image, path: Path) -> None:
 def write_synthetic_set(directory: str | os.PathLike, seed: int, n: int, stage, kind: str | None = None,
                         id_prefix: str = "synthetic") -> list[ManifestItem]:
     """Render crops for seeds seed..seed+n-1 to `images/<id>.png` and write their manifest."""
-    from .synthetic import generate_crop  # rendering is only needed when writing a set
+    from gravityocr.model.training.synthetic import generate_crop  # rendering is only needed when writing a set
 
     directory = Path(directory).resolve()
     items = []

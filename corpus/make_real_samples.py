@@ -1,6 +1,6 @@
 """Regenerates the real-document samples and their true texts (run from the repository root):
 
-    python bench/make_real_samples.py [--cache /work/cache/debian]
+    python corpus/make_real_samples.py [--cache /work/cache/debian]
 
 Each sample is one or more pages of a PDF that a Debian documentation package installs,
 rendered with pdfium and labelled with the page's own text layer, read by the corpus

@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 import torch
 from transformers.cache_utils import DynamicCache
 
-from .attention import causal_attention_mask, draft_attention_mask
-from .modeling import GravityOcrForConditionalGeneration
-from .processor import EncodedPrompt
-from .stopping import stop_reason
-from .draft_rules import DraftRules
-from .structured_drafts import kept_to_structure
+from gravityocr.model.decode.attention import causal_attention_mask, draft_attention_mask
+from gravityocr.model.network.modeling import GravityOcrForConditionalGeneration
+from gravityocr.model.network.processor import EncodedPrompt
+from gravityocr.model.decode.stopping import stop_reason
+from gravityocr.model.decode.draft_rules import DraftRules
+from gravityocr.model.decode.structured_drafts import kept_to_structure
 
 
 @dataclass
@@ -50,7 +50,7 @@ class DecodeStats:
 class DecodeResult:
     token_ids: list[int]  # committed tokens, the eos included when one was produced
     stats: DecodeStats
-    finish_reason: str = "length"  # "eos" | "repetition" | "length" (model/stopping.py)
+    finish_reason: str = "length"  # "eos" | "repetition" | "length" (model/decode/stopping.py)
 
 
 class _Sequence:
@@ -61,7 +61,7 @@ class _Sequence:
         self.eos_ids = eos_ids
         self.max_new_tokens = max_new_tokens
         self.task = task
-        self.shape = shape  # what the committed tokens say of a formula (model/structured_drafts.py)
+        self.shape = shape  # what the committed tokens say of a formula (model/decode/structured_drafts.py)
 
     @property
     def finish_reason(self) -> str | None:
@@ -156,7 +156,7 @@ def speculative_decode(model, prompt: EncodedPrompt, max_new_tokens: int, eos_id
                        block_size: int = 32, draft_rules: DraftRules | None = None) -> DecodeResult:
     """Self-speculative decoding; output identical to `greedy_decode` of the same weights.
     With `draft_rules`, a formula's drafts are kept to LaTeX's command names
-    (model/draft_rules.py) before they are verified."""
+    (model/decode/draft_rules.py) before they are verified."""
     check_length(prompt, max_new_tokens, model)
     if block_size < 2:
         raise ValueError(f"block_size must be at least 2, got {block_size}")

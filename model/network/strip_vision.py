@@ -1,7 +1,7 @@
 """The PP-OCRv6 vision tower option: a crop becomes 48-px strips, a strip becomes visual
 tokens of 24 px each, projected into the text decoder.
 
-Why strips: the pretrained backbone and neck (model/ppocr_tower.py) read one text line
+Why strips: the pretrained backbone and neck (model/network/ppocr_tower.py) read one text line
 48 px high; that is what their weights know. Every crop is first scaled so that its
 median glyph is `glyph_height` px high (measured from its connected components), which
 makes the scale independent of how loose the crop's box is; a crop whose ink then fits
@@ -55,8 +55,8 @@ import torch
 from PIL import Image
 from torch import nn
 
-from .ppocr_tower import IMAGE_HEIGHT, PPOCRv6Recognizer, TowerConfig
-from .tokenizer import SPECIAL
+from gravityocr.model.network.ppocr_tower import IMAGE_HEIGHT, PPOCRv6Recognizer, TowerConfig
+from gravityocr.model.network.tokenizer import SPECIAL
 
 PROCESSOR_TYPE = "StripImageProcessor"
 CELL_WIDTH = 24  # px of a strip per visual token: three 8-px neck steps
@@ -257,9 +257,9 @@ class StripVisionTower(nn.Module):
         steps = features.reshape(features.shape[0], STEPS_PER_TOKEN, FEATURES_PER_STEP)[:, :, :neck_dim]
         return self.reading_head(steps.to(self.reading_head.weight.dtype))
 
-    def reading_ids(self, reading_logits: torch.Tensor, rows: int, columns: int, prefix: ReadingPrefix) -> torch.Tensor:
-        """(reading_slots(rows, columns),) token ids: the greedy CTC reading of each strip,
-        strips joined by a newline, cut to the slots and padded with the empty token."""
+    def reading(self, reading_logits: torch.Tensor, rows: int, columns: int, prefix: ReadingPrefix) -> list[int]:
+        """The greedy CTC reading of each strip, strips joined by a newline, as token ids,
+        cut to the prefix's slots."""
         best = reading_logits.reshape(rows, columns * STEPS_PER_TOKEN, -1).argmax(dim=-1)
         blank = self.reading_head.out_features - 1
         previous = torch.nn.functional.pad(best, (1, 0), value=blank)[:, :-1]
@@ -269,9 +269,13 @@ class StripVisionTower(nn.Module):
             if row:
                 ids.append(prefix.newline_id)
             ids += best[row][read[row]].tolist()
+        return ids[:reading_slots(rows, columns)]
+
+    def reading_ids(self, reading: list[int], rows: int, columns: int, prefix: ReadingPrefix,
+                    device: torch.device) -> torch.Tensor:
+        """(reading_slots(rows, columns),) token ids: the `reading`, padded with the empty token."""
         slots = reading_slots(rows, columns)
-        ids = ids[:slots] + [prefix.empty_id] * max(0, slots - len(ids))
-        return torch.tensor(ids, dtype=torch.long, device=reading_logits.device)
+        return torch.tensor(reading + [prefix.empty_id] * (slots - len(reading)), dtype=torch.long, device=device)
 
     def project(self, features: torch.Tensor, reading_logits: torch.Tensor) -> torch.Tensor:
         """(tokens, 1512) features and their `reading_logits` -> (tokens, hidden) visual-token

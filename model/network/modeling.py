@@ -41,8 +41,8 @@ class GravityOcrForConditionalGeneration(GlmOcrForConditionalGeneration):
         super().__init__(config)
         if vision_tower_of(config) == STRIP_TOWER:
             # The pretrained PP-OCRv6 line reader replaces GLM-OCR's vision tower
-            # (model/strip_vision.py); the text decoder and everything after it are unchanged.
-            from .strip_vision import StripVisionTower
+            # (model/network/strip_vision.py); the text decoder and everything after it are unchanged.
+            from gravityocr.model.network.strip_vision import StripVisionTower
 
             del self.model.visual
             self.strip_vision = StripVisionTower(config.text_config.hidden_size, config.text_config.vocab_size)
@@ -74,8 +74,8 @@ class GravityOcrForConditionalGeneration(GlmOcrForConditionalGeneration):
 
     @property
     def reading_prefix(self):
-        """The reading prefix's token ids (model/strip_vision.py), or None: no prefix."""
-        from .strip_vision import ReadingPrefix
+        """The reading prefix's token ids (model/network/strip_vision.py), or None: no prefix."""
+        from gravityocr.model.network.strip_vision import ReadingPrefix
 
         return ReadingPrefix.of(self.config)
 
@@ -85,19 +85,24 @@ class GravityOcrForConditionalGeneration(GlmOcrForConditionalGeneration):
 
     # --- the three primitives used by training and decoding -------------------------
 
-    def encode_images(self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> list[torch.Tensor]:
+    def encode_images(self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor,
+                      readings: list | None = None) -> list[torch.Tensor]:
         """Vision tower: one tensor of visual-token embeddings per image (for a strip model
-        with a reading prefix, followed by the prefix's token embeddings)."""
+        with a reading prefix, followed by the prefix's token embeddings). With `readings`
+        (a list), a strip model with a reading prefix appends each image's reading to it
+        (token ids, model/network/strip_vision.py)."""
         if hasattr(self, "strip_vision"):
             return self.embed_strip_features(self.strip_vision.token_features(pixel_values, image_grid_thw),
-                                             image_grid_thw)
+                                             image_grid_thw, readings)
         output = self.model.get_image_features(pixel_values, image_grid_thw, return_dict=True)
         return list(output.pooler_output)
 
-    def embed_strip_features(self, features: list[torch.Tensor], image_grid_thw: torch.Tensor) -> list[torch.Tensor]:
+    def embed_strip_features(self, features: list[torch.Tensor], image_grid_thw: torch.Tensor,
+                             readings: list | None = None) -> list[torch.Tensor]:
         """The strip tower's token features (one tensor per image) -> what fills each image's
-        placeholders: projected visual tokens, then the reading prefix (model/strip_vision.py)."""
-        from .strip_vision import MERGE
+        placeholders: projected visual tokens, then the reading prefix (model/network/strip_vision.py).
+        `readings`: as in `encode_images`."""
+        from gravityocr.model.network.strip_vision import MERGE
 
         prefix = self.reading_prefix
         out = []
@@ -105,7 +110,11 @@ class GravityOcrForConditionalGeneration(GlmOcrForConditionalGeneration):
             logits = self.strip_vision.reading_logits(features_of_image)
             visual = self.strip_vision.project(features_of_image, logits)
             if prefix is not None:
-                ids = self.strip_vision.reading_ids(logits, grid_h // MERGE, grid_w // MERGE, prefix)
+                rows, columns = grid_h // MERGE, grid_w // MERGE
+                read = self.strip_vision.reading(logits, rows, columns, prefix)
+                if readings is not None:
+                    readings.append(read)
+                ids = self.strip_vision.reading_ids(read, rows, columns, prefix, logits.device)
                 reading = self.get_input_embeddings()(ids) + self.strip_vision.reading_marker
                 visual = torch.cat([visual, reading.to(visual.dtype)])
             out.append(visual)
@@ -157,7 +166,7 @@ class GravityOcrForConditionalGeneration(GlmOcrForConditionalGeneration):
         """GLM-OCR's 3-D rope positions for one prompt (1, P), and the position the first
         response token takes. Text after the prompt advances all three axes together.
 
-        Reading-prefix positions (model/strip_vision.py) are left out of that count: the
+        Reading-prefix positions (model/network/strip_vision.py) are left out of that count: the
         prefix's k-th token takes the position of the k-th response token, so the token to
         copy next always sits one position past the one being predicted from, whatever
         the prompt's length (a fixed rope offset a head can follow; the prefix is still

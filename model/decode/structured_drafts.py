@@ -1,6 +1,6 @@
 """Drafts kept to the structure of what is being written, whatever the structure.
 
-A shape (`CommandShape` in model/formula_drafts.py: LaTeX's command names in a formula)
+A shape (`CommandShape` in model/decode/formula_drafts.py: LaTeX's command names in a formula)
 is fed the committed tokens one at a time and offers `copy()`, `feed(token)` and
 `repair(drafts)`. Decoders call it on drafts before they are verified: output is
 unchanged, drafts only choose what is verified.

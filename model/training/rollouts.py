@@ -9,10 +9,10 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import DynamicCache
 
-from .attention import causal_attention_mask
-from .decoding import check_length, prefill
-from .modeling import GravityOcrForConditionalGeneration
-from .processor import EncodedPrompt
+from gravityocr.model.decode.attention import causal_attention_mask
+from gravityocr.model.decode.reference import check_length, prefill
+from gravityocr.model.network.modeling import GravityOcrForConditionalGeneration
+from gravityocr.model.network.processor import EncodedPrompt
 
 
 @torch.no_grad()

@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .decode_settings import DecodeSettings
-from .engine import Engine, Request
-from .loading import Recognizer
-from .manifest import ManifestItem
-from .metrics import score
-from .processor import InvalidInput
+from gravityocr.model.decode.settings import DecodeSettings
+from gravityocr.model.engine import Engine, Request
+from gravityocr.model.network.loading import Recognizer
+from gravityocr.model.evaluation.manifest import ManifestItem
+from gravityocr.model.evaluation.scores import score
+from gravityocr.model.network.processor import InvalidInput
 
 # Response budgets by content type (tokens; the character tokenizer spends one per character).
 MAX_NEW_TOKENS = {"text": 256, "table": 512, "formula": 256}
@@ -96,7 +96,7 @@ def evaluate(recognizer: Recognizer, items: list[ManifestItem], batch_size: int 
              structured_drafts: bool = True) -> EvalReport:
     """`decode`: the decoding settings measured (None: the product's defaults, so the figures
     are what a user gets). `structured_drafts`: keep a formula's drafts to LaTeX's command
-    names (model/draft_rules.py); off to measure what it buys. Crops only:
+    names (model/decode/draft_rules.py); off to measure what it buys. Crops only:
     a whole page is read by the page pipeline, not as one crop."""
     decode = decode or DecodeSettings()
     pages = [item.id for item in items if item.type not in MAX_NEW_TOKENS]

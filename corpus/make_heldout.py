@@ -1,6 +1,6 @@
 """Regenerate the synthetic held-out set committed in data/heldout/.
 
-    python -m gravityocr.bench.make_heldout OUTDIR
+    python -m gravityocr.corpus.make_heldout OUTDIR
 
 Seeds start at 10**9; training draws its crops from seeds below 10**9, so no held-out crop
 is ever a training crop. Text crops lean towards the harder curriculum stages; tables and
@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gravityocr.model.manifest import ManifestItem, save_crop_image, write_manifest
-from gravityocr.model.synthetic import CURRICULUM, generate_crop, stage_by_name
+from gravityocr.model.evaluation.manifest import ManifestItem, save_crop_image, write_manifest
+from gravityocr.model.training.synthetic import CURRICULUM, generate_crop, stage_by_name
 
 HELDOUT_SEED = 10**9
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from transformers import GlmOcrConfig, PreTrainedTokenizerBase
 
-from .tokenizer import SPECIAL
+from gravityocr.model.network.tokenizer import SPECIAL
 
 
 @dataclass(frozen=True)

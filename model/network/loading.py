@@ -12,14 +12,14 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, Glm46VImageProcessorPil
 
-from .modeling import GravityOcrForConditionalGeneration
-from .processor import CHAR_TEMPLATE, GLM_OCR_TEMPLATE, OcrProcessor
-from .strip_vision import PROCESSOR_TYPE as STRIP_PROCESSOR_TYPE
-from .strip_vision import ReadingPrefix, StripImageProcessor
+from gravityocr.model.network.modeling import GravityOcrForConditionalGeneration
+from gravityocr.model.network.processor import CHAR_TEMPLATE, GLM_OCR_TEMPLATE, OcrProcessor
+from gravityocr.model.network.strip_vision import PROCESSOR_TYPE as STRIP_PROCESSOR_TYPE
+from gravityocr.model.network.strip_vision import ReadingPrefix, StripImageProcessor
 
 
 # The shipped default recogniser, committed in the repository (Hugging Face format).
-DEFAULT_MODEL_DIR = Path(__file__).resolve().parent / "default"
+DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[1] / "default"
 
 
 @dataclass
@@ -34,7 +34,7 @@ def _template_for(tokenizer) -> str:
 
 def load_image_processor(source: str):
     """The crop processor saved with the model: GLM-OCR's, or the strip processor of the
-    PP-OCRv6 vision tower (model/strip_vision.py)."""
+    PP-OCRv6 vision tower (model/network/strip_vision.py)."""
     from transformers.image_processing_base import ImageProcessingMixin
 
     record, _ = ImageProcessingMixin.get_image_processor_dict(source)

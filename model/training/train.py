@@ -27,16 +27,16 @@ from typing import Iterator
 import torch
 from tqdm import tqdm
 
-from . import synthetic
-from .configs import SMALL, TINY, build_config
-from .joint_loss import (JointBatch, Objective, TargetCounts, TrainingSample, build_joint_batch, joint_loss,
+from gravityocr.model.training import synthetic
+from gravityocr.model.network.configs import SMALL, TINY, build_config
+from gravityocr.model.training.joint_loss import (JointBatch, Objective, TargetCounts, TrainingSample, build_joint_batch, joint_loss,
                          split_by_length)
-from .loading import Recognizer, load_recognizer, save_recognizer
-from .modeling import GravityOcrForConditionalGeneration
-from .processor import OcrProcessor, make_image_processor
-from .recipes import add_run_arguments, read_recipe, run_recipe
-from .schedule import LearningRateSchedule, TimeBudget
-from .tokenizer import build_char_tokenizer
+from gravityocr.model.network.loading import Recognizer, load_recognizer, save_recognizer
+from gravityocr.model.network.modeling import GravityOcrForConditionalGeneration
+from gravityocr.model.network.processor import OcrProcessor, make_image_processor
+from gravityocr.model.training.recipes import add_run_arguments, read_recipe, run_recipe
+from gravityocr.model.training.schedule import LearningRateSchedule, TimeBudget
+from gravityocr.model.network.tokenizer import build_char_tokenizer
 
 SIZES = {"tiny": TINY, "small": SMALL}
 
