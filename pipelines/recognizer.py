@@ -175,11 +175,14 @@ class CropRecognizer:
             else:
                 requests[index] = Request(str(index), prompt, budget)
         if requests:
+            # Shortest prompts first: the engine admits in order, and newcomers prefilled
+            # together are padded to the longest of them (a table's prompt is 20 lines').
+            order = sorted(requests, key=lambda index: requests[index].prompt.length)
             try:
-                engine_futures = (submit or self.loop.submit_all)(list(requests.values()))
+                engine_futures = (submit or self.loop.submit_all)([requests[index] for index in order])
             except Exception as error:  # noqa: BLE001 - e.g. serve's RequestAbandoned: these crops fail alone
-                engine_futures = [_failed(error) for _ in requests]
-            for index, engine_future in zip(requests, engine_futures):
+                engine_futures = [_failed(error) for _ in order]
+            for index, engine_future in zip(order, engine_futures):
                 futures[index] = self._crop_future(engine_future)
         return futures  # type: ignore[return-value]
 

@@ -163,7 +163,7 @@ def test_a_full_batch_decodes_in_ar_rounds_and_stays_exact(model, eos, prompt_po
 def test_the_cpu_default_stops_speculating_at_the_measured_crossover():
     from gravityocr.model.engine.config import speculative_max_batch_for
 
-    assert speculative_max_batch_for("cpu", 1) == 2 and speculative_max_batch_for("cpu", 2) == 4
+    assert speculative_max_batch_for("cpu", 1) == 4 and speculative_max_batch_for("cpu", 2) == 8
     assert speculative_max_batch_for("cuda:0", 2) is None and speculative_max_batch_for("mps", 2) is None
     config = EngineConfig(speculative_max_batch=4)
     assert config.speculates(4) and not config.speculates(5)

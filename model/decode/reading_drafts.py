@@ -16,6 +16,10 @@ greedy token, so the output is greedy AR decoding whatever the reading says.
 from __future__ import annotations
 
 LOOKUP_LENGTHS = (4, 3, 2, 1)
+# Contents whose output is the reading's text. A table's HTML and a formula's LaTeX are not:
+# their drafts from the reading are mostly rejected, and their rows take AR steps instead
+# (`gravityocr bench decode`, docs/decoding.md).
+DRAFTED_TASKS = ("text",)
 
 
 def reading_with_eos(reading: list[int], eos_ids: frozenset[int]) -> list[int]:

@@ -53,7 +53,7 @@ class DecodeSettings:
     block_size: int = 32  # draft block B: masks drafted per speculative round
     # Speculative rounds only while at most this many sequences decode together, AR rounds
     # above (a CPU decodes a full batch faster in AR rounds). None: the device's default
-    # (`speculative_max_batch_for`: on a CPU 2 per torch thread, elsewhere every batch size).
+    # (`speculative_max_batch_for`: on a CPU 4 per torch thread, elsewhere every batch size).
     speculative_max_batch: int | None = None
 
     def __post_init__(self):
@@ -146,7 +146,7 @@ def add_decode_arguments(parser: argparse.ArgumentParser, defaults: DecodeSettin
     group.add_argument("--speculative-max-batch", type=int, default=None, metavar="N",
                        help="speculative rounds only while at most N sequences decode together, AR rounds above "
                             "(the same text); 0: at any batch size; unset (null in a config): the device's default "
-                            "(on a CPU 2 per torch thread, where a full batch decodes faster in AR rounds; elsewhere "
+                            "(on a CPU 4 per torch thread, where a full batch decodes faster in AR rounds; elsewhere "
                             f"any batch size) ({_default_text(defaults.speculative_max_batch, defaults_from)})")
     parser.set_defaults(decode_defaults=defaults)
 

@@ -25,10 +25,9 @@ def _usable_cpus() -> int:
 
 
 # Where speculative rounds stop paying on a CPU, per torch thread (more threads absorb a
-# longer pass). `gravityocr bench decode` on every fourth held-out crop (shipped weights),
-# spec / AR tokens per second: 2 threads 1.59 at batch 2, 1.16 at 4, 0.89 at 8, 0.53 at 32;
-# 1 thread 1.16 at batch 2, 0.84 at 4, 0.64 at 8. Not measured past 2 threads.
-CPU_SPECULATIVE_BATCH_PER_THREAD = 2
+# longer pass): measured with `gravityocr bench decode` on the shipped model and data/real
+# (its reading drafts; figures in docs/decoding.md).
+CPU_SPECULATIVE_BATCH_PER_THREAD = 4
 
 
 def speculative_max_batch_for(device: str, threads: int) -> int | None:

@@ -36,6 +36,7 @@ class PassLayout:
     columns: torch.Tensor | None = None  # (n, k) indices into the q new tokens
     pixel_values: torch.Tensor | None = None  # prefill: the rows' images, concatenated
     image_grid_thw: torch.Tensor | None = None
+    first_positions: list[int] | None = None  # prefill: each row's first response position
     # written by `ModelRunner.run` for a prefill of a model with a reading prefix: each row's
     # reading (token ids), what reading drafts are read from (model/decode/reading_drafts.py)
     readings: list[list[int]] | None = None
@@ -69,14 +70,15 @@ def prefill_layout(model, sequences: list[Sequence], blocks: list[int], mask_id:
     n, width = len(prompts), max(length + block for length, block in zip(lengths, blocks))
     ids = torch.full((n, width), pad_id, dtype=torch.long, device=device)
     positions = torch.zeros(3, n, width, dtype=torch.long, device=device)
-    for i, (sequence, prompt) in enumerate(zip(sequences, prompts)):
+    first_positions = []  # rope position of each row's first response token
+    for i, prompt in enumerate(prompts):
         prompt_ids = prompt.input_ids.to(device)
         rope, first = model.rope_positions(prompt_ids, prompt.image_grid_thw.to(device))
         ids[i, :prompt.length] = prompt_ids[0]
         ids[i, prompt.length:prompt.length + blocks[i]] = mask_id
         positions[:, i, :prompt.length] = rope[:, 0]
         positions[:, i, prompt.length:] = first + torch.arange(width - prompt.length, device=device)
-        sequence.first_position = first
+        first_positions.append(first)
     slots = [s.slot for s in sequences]
     if slots != list(range(slots[0], slots[0] + n)):
         raise RuntimeError(f"newcomers must take consecutive slots, got {slots}")
@@ -92,7 +94,7 @@ def prefill_layout(model, sequences: list[Sequence], blocks: list[int], mask_id:
         [torch.zeros(1, dtype=torch.long, device=device), torch.arange(2, max(max(blocks), 1) + 1, device=device)])
     return PassLayout(ids, positions, [0] * n, pattern, first_slot=slots[0], columns=columns.clamp(max=width - 1),
                       pixel_values=torch.cat([p.pixel_values for p in prompts]),
-                      image_grid_thw=torch.cat([p.image_grid_thw for p in prompts]))
+                      image_grid_thw=torch.cat([p.image_grid_thw for p in prompts]), first_positions=first_positions)
 
 
 def draft_layout(last_tokens: torch.Tensor, x_positions: torch.Tensor, past: list[int], blocks: torch.Tensor,

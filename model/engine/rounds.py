@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gravityocr.model.decode.reading_drafts import reading_drafts, reading_with_eos
+from gravityocr.model.decode.reading_drafts import DRAFTED_TASKS, reading_drafts, reading_with_eos
 from gravityocr.model.decode.structured_drafts import kept_to_structure
 from gravityocr.model.engine.layouts import ar_layout, draft_layout, prefill_layout, running_rows, verify_layout
 from gravityocr.model.engine.runner import ModelRunner
@@ -35,18 +35,19 @@ class Outcome:
     ar: bool = False  # an AR round
     drafts: list[int] = field(default_factory=list)  # drafts for the next round (the prefill's)
     reading: list[int] | None = None  # the prefill's: the reading drafts come from, with its eos
+    first_position: int | None = None  # the prefill's: rope position of the first response token
 
 
-def prefill(runner: ModelRunner, sequences: list[Sequence], blocks: list[int], reading_drafts: bool) -> list[Outcome]:
+def prefill(runner: ModelRunner, sequences: list[Sequence], blocks: list[int], with_readings: bool) -> list[Outcome]:
     """Image + prompt of each newcomer into its slot, with `blocks[i]` masks after it (0: no
     drafts); each gets its first response token and drafts for the tokens after it, and
-    with `reading_drafts` (a model with a reading prefix) the reading later rounds draft from."""
+    `with_readings` (a model with a reading prefix) the reading later rounds draft from."""
     layout = prefill_layout(runner.model, sequences, blocks, runner.mask_id, runner.pad_id, runner.device)
     rows = runner.run(layout).argmax(-1).tolist()  # the one device-to-host transfer
-    readings = layout.readings if reading_drafts and layout.readings is not None else [None] * len(sequences)
-    return [Outcome([row[0]], kv_length=sequence.prompt_len, drafts=row[1:block],
+    readings = layout.readings if with_readings and layout.readings is not None else [None] * len(sequences)
+    return [Outcome([row[0]], kv_length=sequence.prompt_len, drafts=row[1:block], first_position=first,
                     reading=None if reading is None else reading_with_eos(reading, sequence.eos_ids))
-            for sequence, row, block, reading in zip(sequences, rows, blocks, readings)]
+            for sequence, row, block, reading, first in zip(sequences, rows, blocks, readings, layout.first_positions)]
 
 
 def speculative(runner: ModelRunner, sequences: list[Sequence], block_size: int, adaptive: bool,
@@ -113,6 +114,8 @@ def _verifiable(sequence: Sequence, block_size: int, adaptive: bool) -> list[int
     committed after the bonus, kept to its formula's structure. None: the round drafts for it."""
     room = max(0, sequence.max_new_tokens - len(sequence.tokens) - 1)
     if sequence.reading is not None:
+        if sequence.request.prompt.task not in DRAFTED_TASKS:
+            return []  # an AR step in the round
         drafts = reading_drafts(sequence.tokens, sequence.reading, sequence.next_block(block_size, adaptive) - 1)
     elif sequence.drafts:
         drafts = sequence.drafts

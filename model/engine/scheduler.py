@@ -63,6 +63,8 @@ class Scheduler:
         sequence.stats.forward_passes += passes
         sequence.stats.ar_rounds += outcome.ar
         sequence.drafts = outcome.drafts
+        if outcome.first_position is not None:
+            sequence.first_position = outcome.first_position
         if outcome.reading is not None:
             sequence.reading = outcome.reading
         self.cache.keep(sequence.slot, outcome.kv_length)

@@ -2,7 +2,8 @@
 
 Every item is decoded by the batched engine with the given decoding settings (by default
 the product's: self-speculative, with the device's batch cap); with `check_exact` the same
-items are decoded again in plain AR mode, and `exact` says whether every output is
+items are decoded again in plain AR mode (and, where the cap made the measured run take AR
+rounds, with speculation at every batch size), and `exact` says whether every output is
 identical. An item whose image cannot be read scores 0 and is listed. Whole
 pages are read by the page pipeline (`gravityocr eval`, pipelines/evaluation.py), which
 builds on this module; the model room does not import the pipelines.
@@ -106,7 +107,14 @@ def evaluate(recognizer: Recognizer, items: list[ManifestItem], batch_size: int 
     exact = None
     if check_exact:
         ar_results, _ = _decode_all(recognizer, items, dataclasses.replace(decode, mode="ar"), batch_size)
-        exact = all(results[i].token_ids == ar_results[i].token_ids for i in results)
+        checked = [results]
+        if decode.mode == "spec" and decode_report(recognizer, decode)["speculative_max_batch"] != 0:
+            # Past the cap the measured run took AR rounds: speculate at every batch size too,
+            # so that every item is checked through speculative rounds.
+            speculating, _ = _decode_all(recognizer, items, dataclasses.replace(decode, speculative_max_batch=0),
+                                         batch_size, structured_drafts)
+            checked.append(speculating)
+        exact = all(run[i].token_ids == ar_results[i].token_ids for run in checked for i in run)
     outcomes = []
     for item in items:
         if item.id in errors:
