@@ -175,9 +175,7 @@ class CropRecognizer:
             else:
                 requests[index] = Request(str(index), prompt, budget)
         if requests:
-            # Shortest prompts first: the engine admits in order, and newcomers prefilled
-            # together are padded to the longest of them (a table's prompt is 20 lines').
-            order = sorted(requests, key=lambda index: requests[index].prompt.length)
+            order = list(requests)
             try:
                 engine_futures = (submit or self.loop.submit_all)([requests[index] for index in order])
             except Exception as error:  # noqa: BLE001 - e.g. serve's RequestAbandoned: these crops fail alone
