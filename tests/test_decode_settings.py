@@ -34,7 +34,7 @@ def test_settings_are_frozen_once_checked():
 def test_an_unset_cap_resolves_to_the_product_default_of_the_device(device, threads):
     resolved = DecodeSettings().resolved(device, threads)
     assert resolved.speculative_max_batch == (speculative_max_batch_for(device, threads) or 0)
-    assert resolved.speculative_max_batch == {("cpu", 1): 2, ("cpu", 2): 4, ("cuda", 2): 0}[device, threads]
+    assert resolved.speculative_max_batch == {("cpu", 1): 4, ("cpu", 2): 8, ("cuda", 2): 0}[device, threads]
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
@@ -62,9 +62,9 @@ def test_engine_config_carries_every_setting():
 
 def test_report_says_whether_it_is_what_the_product_runs():
     report = DecodeSettings().report("cpu", 2)
-    assert report == {"mode": "spec", "block_size": 32, "speculative_max_batch": 4, "device": "cpu", "threads": 2,
+    assert report == {"mode": "spec", "block_size": 32, "speculative_max_batch": 8, "device": "cpu", "threads": 2,
                       "product_default": True}
-    assert DecodeSettings(speculative_max_batch=4).report("cpu", 2)["product_default"] is True  # resolves alike
+    assert DecodeSettings(speculative_max_batch=8).report("cpu", 2)["product_default"] is True  # resolves alike
     assert DecodeSettings(speculative_max_batch=0).report("cpu", 2)["product_default"] is False
     assert DecodeSettings(speculative_max_batch=0).report("cuda", 2)["product_default"] is True
 
