@@ -55,9 +55,10 @@ def test_engine_keeps_drafts_to_structure_as_the_reference_does(shipped):
     model, processor = recognizer.model, recognizer.processor
     eos, limit = processor.eos_token_ids, MAX_NEW_TOKENS["formula"]
     longest = max(prompt.length for prompt in prompts["formula"]) + limit
-    # Fixed blocks, as the reference decoder's: the same rounds.
+    # Fixed blocks and mask drafts, as the reference decoder's: the same rounds (the shipped
+    # model's own default drafts lines from its reading and reads formulas in AR steps).
     engine = Engine(model, EngineConfig(max_batch_size=4, max_seq_len=longest, dtype=torch.float64, num_threads=1,
-                                        adaptive_block=False),
+                                        adaptive_block=False, reading_drafts=False),
                     eos, draft_rules=processor.draft_rules)
     results = engine.generate([Request(str(i), prompt, limit) for i, prompt in enumerate(prompts["formula"])])
     for prompt, result in zip(prompts["formula"], results):
@@ -76,14 +77,15 @@ def test_engine_classic_rounds_keep_each_rows_drafts_to_its_own_structure(shippe
     mixed = [(kind, prompt) for pair in zip(prompts["table"], prompts["formula"]) for kind, prompt in
              zip(KINDS, pair)]
     longest = max(prompt.length for _, prompt in mixed) + max(MAX_NEW_TOKENS[kind] for kind in KINDS)
-    # Fixed blocks, as the reference decoder's: the same rounds.
+    # Fixed blocks and mask drafts, as the reference decoder's: the same rounds (the shipped
+    # model's own default drafts lines from its reading and reads formulas in AR steps).
     engine = Engine(model, EngineConfig(max_batch_size=3, max_seq_len=longest, dtype=torch.float64, num_threads=1,
-                                        adaptive_block=False),
+                                        adaptive_block=False, reading_drafts=False),
                     processor.eos_token_ids, draft_rules=processor.draft_rules)
     results = engine.generate([Request(str(i), prompt, MAX_NEW_TOKENS[kind]) for i, (kind, prompt) in enumerate(mixed)])
     # Per-row blocks from each row's acceptance: repaired within its own block, same output.
     adaptive = Engine(model, EngineConfig(max_batch_size=3, max_seq_len=longest, dtype=torch.float64, num_threads=1,
-                                          adaptive_block=True),
+                                          adaptive_block=True, reading_drafts=False),
                       processor.eos_token_ids, draft_rules=processor.draft_rules)
     adaptive_results = adaptive.generate([Request(str(i), prompt, MAX_NEW_TOKENS[kind])
                                           for i, (kind, prompt) in enumerate(mixed)])
