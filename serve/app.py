@@ -19,7 +19,6 @@ import hmac
 import time
 import uuid
 from concurrent.futures import CancelledError
-from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
