@@ -6,7 +6,7 @@ speculative round for every running sequence together (a newcomer verifies its p
 drafts), or one AR token each (AR mode, or a batch past EngineConfig.speculative_max_batch)
 (model/engine/rounds.py); the scheduler applies each sequence's outcome and frees the
 slots of those that finished, which are handed back. The output of every request is token for token
-what `decoding.greedy_decode` writes for it alone.
+what `greedy_decode` (model/decode/reference.py) writes for it alone.
 
 Single-threaded and synchronous on purpose: a Ray actor or a Serve replica owns one
 engine and calls `add_request` / `step` (or `generate`) from its own loop.

@@ -25,7 +25,7 @@ def sample_group(model: GravityOcrForConditionalGeneration, prompt: EncodedPromp
     if group_size < 1:
         raise ValueError(f"group_size must be at least 1, got {group_size}")
     if temperature <= 0:
-        raise ValueError(f"temperature must be positive, got {temperature} (greedy decoding is decoding.greedy_decode)")
+        raise ValueError(f"temperature must be positive, got {temperature} (greedy decoding is reference.greedy_decode)")
     check_length(prompt, max_new_tokens, model)
     device = model.device
     cache = DynamicCache(config=model.config.text_config)
