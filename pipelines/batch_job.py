@@ -151,9 +151,7 @@ def render_document(row: dict, source: StorageLocation, dpi: float) -> list[dict
     try:
         document = open_document(key, read_bytes(source, key), dpi)
         for page in document.pages():
-            buffer = io.BytesIO()
-            page.image.save(buffer, format="PNG", compress_level=1)
-            rows.append({"document_id": key, "page_number": page.page_number, "png": buffer.getvalue(),
+            rows.append({"document_id": key, "page_number": page.page_number, "png": _png(page.image),
                          "width": page.width, "height": page.height, "dpi": float(page.dpi or 0),
                          "error_reason": None, "error_message": None})
     except DocumentError as error:
@@ -200,7 +198,7 @@ def plan_pages(batch: pa.Table, layout: str, lines: str, dpi: float) -> pa.Table
 
 
 def _png(image) -> bytes:
-    """A crop on its way to the engine actors: lossless, fast to write (the text is read from it)."""
+    """A page or crop on its way between stages: lossless, fast to write (the text is read from it)."""
     buffer = io.BytesIO()
     image.save(buffer, format="PNG", compress_level=1)
     return buffer.getvalue()

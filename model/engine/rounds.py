@@ -66,7 +66,8 @@ def speculative(runner: ModelRunner, sequences: list[Sequence], block_size: int,
     last_tokens, x_positions = as_tensor([s.tokens[-1] for s in sequences]), as_tensor([s.x_position for s in sequences])
     block_sizes = as_tensor(blocks)
     has_drafts = torch.tensor([d is not None for d in came_with], device=device)
-    given = as_tensor([(d or []) + [runner.pad_id] * (width - 1 - len(d or [])) for d in came_with]).view(n, width - 1)
+    given = as_tensor([(d or []) + [runner.pad_id] * (width - 1 - len(d or [])) for d in came_with]).view(n, width - 1) \
+        if any(d is not None for d in came_with) else None
 
     if all(d is not None for d in came_with):
         y, drafts = last_tokens, given
@@ -76,8 +77,9 @@ def speculative(runner: ModelRunner, sequences: list[Sequence], block_size: int,
         y, drafts = draft_logits[:, 0].argmax(-1), draft_logits[:, 2:].argmax(-1)
         if structured:
             drafts, block_sizes = _kept_to_structure(sequences, came_with, y, drafts, block_sizes, runner.pad_id)
-        y = torch.where(has_drafts, last_tokens, y)
-        drafts = torch.where(has_drafts[:, None], given, drafts)
+        if given is not None:
+            y = torch.where(has_drafts, last_tokens, y)
+            drafts = torch.where(has_drafts[:, None], given, drafts)
 
     # after x, or at x for a row verifying from x (x's KV is written again)
     verify_past = [cached + (1 if d is None else 0) for cached, d in zip(past, came_with)]

@@ -20,6 +20,7 @@ class ModelRunner:
         self.cache = SlotKVCache.for_model(model.config.text_config, config)
         self.mask_id = model.mask_token_id
         self.pad_id = model.config.pad_token_id or 0
+        self.reads = model.reading_prefix is not None  # a prefill also gives each row's reading
         self.batched_passes = 0
 
     @torch.no_grad()
@@ -34,7 +35,7 @@ class ModelRunner:
         image_embeds = None
         if layout.pixel_values is not None:
             pixels = layout.pixel_values.to(self.device, self.config.dtype)
-            readings = [] if model.reading_prefix is not None else None
+            readings = [] if self.reads else None
             image_embeds = torch.cat(model.encode_images(pixels, layout.image_grid_thw.to(self.device), readings))
             layout.readings = readings
         hidden = model.model.language_model(
