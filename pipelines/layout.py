@@ -74,6 +74,53 @@ def ink_mask(image: Image.Image) -> np.ndarray:
     return gray < threshold
 
 
+# A horizontal rule belongs to a table when at least this many rules of about the same
+# extent (booktabs' top, middle and bottom rules) lie within TABLE_RULE_REACH line heights.
+TABLE_RULES = 3
+TABLE_RULE_REACH = 12
+
+
+def decorations(mask: np.ndarray, line_height: float) -> np.ndarray:
+    """The ink that frames or underlines text without being part of a table: boxes drawn
+    around text (a hollow rectangle: a code listing's frame) and horizontal rules that stand
+    alone (under a running header, over a footer, between sections). Left in, a frame
+    joins the listings and paragraphs around it into one block with ruling lines, typed a
+    table, and a rule widens a header's box to the page's width. A grid table's rules are
+    one component with inner lines, not a hollow rectangle, and booktabs' rules come in
+    stacks (TABLE_RULES): both stay."""
+    import cv2
+
+    count, labels, stats, _ = cv2.connectedComponentsWithStats(mask.astype(np.uint8), connectivity=8)
+    thin = max(3.0, 0.3 * line_height)
+    long = 4 * line_height
+    frames, rules = [], []
+    for label in range(1, count):
+        x, y, width, height, area = stats[label].tolist()
+        if width < long:
+            continue
+        if height <= thin and area >= 0.8 * width * height:
+            rules.append(label)
+        elif height >= line_height and area <= 2 * (width + height) * thin:
+            edge = int(thin)
+            inside = labels[y + edge:y + height - edge, x + edge:x + width - edge]
+            if not (inside == label).any():  # hollow: no rule of its own inside (a grid has)
+                frames.append(label)
+    lone = []
+    for label in rules:
+        x, y, width = stats[label, 0], stats[label, 1], stats[label, 2]
+        stacked = sum(1 for other in rules
+                      if abs(stats[other, 1] - y) <= TABLE_RULE_REACH * line_height
+                      and min(x + width, stats[other, 0] + stats[other, 2]) - max(x, stats[other, 0])
+                      >= 0.8 * max(width, stats[other, 2]))
+        if stacked < TABLE_RULES:  # itself included
+            lone.append(label)
+    return np.isin(labels, frames + lone) if frames or lone else np.zeros_like(mask)
+
+
+def _overlap(a: tuple[int, int], b: tuple[int, int]) -> int:
+    return max(0, min(a[1], b[1]) - max(a[0], b[0]))
+
+
 def _runs(profile: np.ndarray, min_gap: int) -> list[tuple[int, int]]:
     """[start, end) spans of True in `profile`, merging spans separated by fewer than
     `min_gap` False entries."""
@@ -162,12 +209,35 @@ class ProjectionLayout:
                 stack.extend((x0, y0 + a, x1, y0 + b) for a, b in row_spans)
                 continue
             col_spans = _runs(sub.any(axis=0), min_gap_x)
-            if len(col_spans) > 1:
+            if len(col_spans) > 1 and not self._rows_across(sub, col_spans, stats):
                 stack.extend((x0 + a, y0, x0 + b, y1) for a, b in col_spans)
                 continue
             if (x1 - x0) * (y1 - y0) >= 12:  # specks are not blocks
                 out.append(box)
         return out
+
+    def _rows_across(self, sub: np.ndarray, col_spans: list[tuple[int, int]], stats: PageStats) -> bool:
+        """Whether the pieces a column gap would cut `sub` into are the cells of rows, read
+        across (a grammar's names, `::=` and rules; a listing of terms and their
+        descriptions), not columns read one after the other: next to a neighbour, a piece
+        with fewer lines (or a narrow one) has each line beside one of the neighbour's and
+        spans its height. Two columns of running text have about as many lines each, and
+        the shorter one ends early."""
+        gap = max(2, int(0.3 * stats.line_height))  # a colon's dots are one line, two lines are not
+        bands = [_runs(sub[:, a:b].any(axis=1), gap) for a, b in col_spans]
+        if min(len(piece) for piece in bands) < 2:  # one line beside a block says nothing of rows
+            return False
+        for (left, right), (a, b) in zip(zip(bands, bands[1:]), zip(col_spans, col_spans[1:])):
+            sparse, dense = (left, right) if len(left) <= len(right) else (right, left)
+            narrow = min(a[1] - a[0], b[1] - b[0]) <= 3 * stats.line_height
+            if not (len(sparse) <= 0.75 * len(dense) or narrow):
+                return False
+            if (sparse[-1][1] - sparse[0][0]) < 0.8 * (dense[-1][1] - dense[0][0]):
+                return False
+            if not all(any(_overlap(band, other) >= 0.5 * min(band[1] - band[0], other[1] - other[0])
+                           for other in dense) for band in sparse):
+                return False
+        return True
 
     def detect(self, image: Image.Image, mask: np.ndarray) -> list[Region]:
         stats = PageStats.of(mask)
@@ -608,6 +678,7 @@ def make_line_splitter(name: str) -> LineSplitter:
 def layout_page(image: Image.Image, backend: LayoutBackend, lines: LineSplitter) -> list[Region]:
     """Typed regions of a page in reading order, text regions with their lines."""
     mask = ink_mask(image)
+    mask &= ~decorations(mask, PageStats.of(mask).line_height)
     regions = reading_order(backend.detect(image, mask))
     for region in regions:
         if region.type in TEXT_TYPES:

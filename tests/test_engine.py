@@ -191,7 +191,7 @@ def reference_kv(model, prompt, tokens: list[int]) -> DynamicCache:
     """The KV single-sequence decoding holds after committing `tokens`: prompt + all but
     the last token (which is the next round's input, not yet cached)."""
     cache = DynamicCache(config=model.config.text_config)
-    _, first_position = prefill(model, prompt, cache)
+    first_position = prefill(model, prompt, cache).next_position
     cached = tokens[:-1]
     if cached:
         ids = torch.tensor([cached])

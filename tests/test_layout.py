@@ -200,3 +200,48 @@ def test_the_columns_sample_reads_in_column_order(backend):
     assert lefts == sorted(lefts, reverse=True)  # every left-column region before every right-column one
     tops = [r.bbox[1] for r, left in zip(body, lefts) if left]
     assert tops == sorted(tops)
+
+
+def _manual_page() -> tuple[Image.Image, dict]:
+    """A manual's page as Sphinx sets one: a running header over a rule, a paragraph, a code
+    listing in a drawn frame, a paragraph, and a grammar whose names, `::=` and rules sit in
+    aligned cells (a rule runs on to a second row)."""
+    face = font(24)
+    image = Image.new("RGB", (1200, 1100), "white")
+    draw = ImageDraw.Draw(image)
+    draw.text((100, 60), "Why3 Documentation, Release 1.5.1", font=face, fill="black")
+    draw.line([(100, 96), (1100, 96)], fill="black", width=2)
+    draw.text((100, 160), "For example, applying remove h on the following goal", font=face, fill="black")
+    draw.rectangle([(140, 210), (1100, 330)], outline="black", width=2)
+    for row, code in enumerate(["axiom h : true", "goal G : true", "constant x : int"]):
+        draw.text((150, 220 + 36 * row), code, font=face, fill="black")
+    draw.text((100, 370), "produces the following goal:", font=face, fill="black")
+    grammar = [("file", "::=", "module*"), ("module", "::=", '"module" uident decl* "end"'),
+               ("", "", '| "scope" uident'), ("decl", "::=", '"type" type_decl'), ("type_case", "::=", "uident")]
+    rows = []
+    for row, (name, symbol, rule) in enumerate(grammar):
+        y = 450 + 36 * row
+        draw.text((100, y), name, font=face, fill="black")
+        draw.text((330, y), symbol, font=face, fill="black")
+        draw.text((420, y), rule, font=face, fill="black")
+        rows.append(y)
+    return image, {"header_right": 100 + face.getlength("Why3 Documentation, Release 1.5.1"), "grammar_rows": rows}
+
+
+def test_a_framed_listing_and_rules_are_not_a_table_and_a_grammar_reads_across():
+    # The frame around a listing and the rule under the header are decorations: without
+    # them the page is text, the listing's lines are lines and the header is as wide as its
+    # words. The grammar's cells are read row by row, not as three columns.
+    image, truth = _manual_page()
+    regions = layout_page(image, ProjectionLayout(), ProjectionLines())
+    assert "table" not in [r.type for r in regions], [(r.type, r.bbox) for r in regions]
+    header = regions[0]
+    assert header.bbox[1] < 100 and header.bbox[2] <= truth["header_right"] + 4
+    lines = [line for region in regions for line in (region.lines or [])]
+    listing = [line for line in lines if 210 < line[1] < 330]
+    assert len(listing) == 3 and all(line[0] >= 145 for line in listing)  # inside the frame
+    grammar = [line for line in lines if line[1] >= 440]
+    assert len(grammar) == len(truth["grammar_rows"])
+    # each row is one line, from its name (the continuation row has none) to its rule
+    assert all(line[2] > 420 for line in grammar)
+    assert [line[0] < 150 for line in grammar] == [True, True, False, True, True]

@@ -83,6 +83,29 @@ def strip_recognizer(tokenizer):
     return Recognizer(model, OcrProcessor(tokenizer, StripImageProcessor(), reading_placeholder_id=prefix.placeholder_id))
 
 
+@pytest.fixture(scope="module")
+def copying_recognizer(tokenizer):
+    """A strip model with the copy path (config `reading_copy`), its projection trained
+    (random), so every position's copy token changes what it computes."""
+    torch.manual_seed(1)
+    config = build_config(tokenizer, SEPARATED_INIT)
+    config.vision_tower = STRIP_TOWER
+    prefix = ReadingPrefix.for_tokenizer(tokenizer)
+    config.reading_prefix = asdict(prefix)
+    config.reading_copy = True
+    model = GravityOcrForConditionalGeneration(config).to(torch.float64).eval()
+    with torch.no_grad():
+        model.strip_vision.reading_marker.normal_(std=0.5)
+        model.reading_copy.weight.normal_(std=0.5)
+        # a reading of real characters: the classifier favours a few of them over blank
+        model.strip_vision.reading_head.bias[processor_ids(tokenizer, "e a1")] += 6.0
+    return Recognizer(model, OcrProcessor(tokenizer, StripImageProcessor(), reading_placeholder_id=prefix.placeholder_id))
+
+
+def processor_ids(tokenizer, characters: str) -> list[int]:
+    return tokenizer.convert_tokens_to_ids(list(characters))
+
+
 def test_the_model_saves_and_loads_with_its_tower_and_processor(strip_recognizer, tmp_path):
     model = strip_recognizer.model
     assert vision_tower_of(model.config) == STRIP_TOWER and not hasattr(model.model, "visual")
@@ -180,8 +203,10 @@ def test_an_unknown_vision_tower_is_refused(tokenizer):
         GravityOcrForConditionalGeneration(config)
 
 
-def test_every_decoding_path_is_exact_with_the_strip_tower(strip_recognizer):
-    model, processor = strip_recognizer.model, strip_recognizer.processor
+@pytest.mark.parametrize("recognizer_name", ["strip_recognizer", "copying_recognizer"])
+def test_every_decoding_path_is_exact_with_the_strip_tower(recognizer_name, request):
+    recognizer = request.getfixturevalue(recognizer_name)
+    model, processor = recognizer.model, recognizer.processor
     eos = set(processor.eos_token_ids)
     images = [render([TEXT[:n]], 18 + n % 5, 3) for n in (8, 20, 41)]
     images.append(render(["a two-line", "crop"], 20, 5))
@@ -200,6 +225,51 @@ def test_every_decoding_path_is_exact_with_the_strip_tower(strip_recognizer):
         results = {r.request_id: r.token_ids for r in engine.generate(
             [Request(str(i), prompt, 24) for i, prompt in enumerate(prompts)])}
         assert [results[str(i)] for i in range(len(prompts))] == greedy
+    # AR rounds all the way (mode "ar")
+    engine = Engine(model, EngineConfig(max_batch_size=4, max_seq_len=longest, mode="ar", dtype=torch.float64,
+                                        num_threads=1), eos)
+    results = {r.request_id: r.token_ids for r in engine.generate(
+        [Request(str(i), prompt, 24) for i, prompt in enumerate(prompts)])}
+    assert [results[str(i)] for i in range(len(prompts))] == greedy
+
+
+def test_the_copy_path_feeds_training_what_decoding_feeds(copying_recognizer):
+    """Teacher-forced on its own greedy output, the joint batch's clean stream gives the same
+    logits as greedy decoding step by step: the copy tokens of training are decoding's. And
+    they matter: the same model without them reads otherwise."""
+    from transformers.cache_utils import DynamicCache
+
+    from gravityocr.model.decode.reading_drafts import NO_COPY, ReadingIndex, reading_with_eos
+    from gravityocr.model.decode.reference import prefill
+    from gravityocr.model.training.joint_loss import Objective, TrainingSample, build_joint_batch, joint_logits
+
+    model, processor = copying_recognizer.model, copying_recognizer.processor
+    eos = set(processor.eos_token_ids)
+    prompt = processor.encode(render([TEXT[:20]], 20, 3), "text")
+    with torch.no_grad():
+        greedy = greedy_decode(model, prompt, 16, eos).token_ids
+        readings: list = []
+        model.encode_images(prompt.pixel_values, prompt.image_grid_thw, readings)
+        reading = reading_with_eos(readings[0], frozenset(eos))
+        batch = build_joint_batch(model, [TrainingSample(prompt, greedy, reading)], Objective.AR_ONLY,
+                                  random_block_offset=False)
+        logits = joint_logits(model, batch)[0]
+        start = prefill(model, prompt, DynamicCache(config=model.config.text_config), eos)
+    P = prompt.length
+    copies = batch.copy_ids[0, P - 1:P - 1 + len(greedy)].tolist()
+    assert copies == ReadingIndex(reading).copy_tokens(greedy[:-1])
+    assert any(c != NO_COPY for c in copies)
+    assert logits[P - 1:P - 1 + len(greedy)].argmax(-1).tolist() == greedy
+    torch.testing.assert_close(logits[P - 1], start.logits)
+    with torch.no_grad():
+        weight = model.reading_copy.weight.clone()
+        model.reading_copy.weight.zero_()
+        model.reading_copy.bias.zero_()
+        try:
+            without = joint_logits(model, batch)[0]
+        finally:
+            model.reading_copy.weight.copy_(weight)
+    assert not torch.allclose(without[P - 1:P - 1 + len(greedy)], logits[P - 1:P - 1 + len(greedy)])
 
 
 def test_the_output_budget_holds_every_real_item_and_bounds_a_short_line(strip_recognizer):

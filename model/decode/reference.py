@@ -29,6 +29,7 @@ from gravityocr.model.network.modeling import GravityOcrForConditionalGeneration
 from gravityocr.model.network.processor import EncodedPrompt
 from gravityocr.model.decode.stopping import stop_reason
 from gravityocr.model.decode.draft_rules import DraftRules
+from gravityocr.model.decode.reading_drafts import NO_COPY, ReadingIndex, reading_with_eos
 from gravityocr.model.decode.structured_drafts import kept_to_structure
 
 
@@ -80,44 +81,68 @@ class _Sequence:
                 self.shape.feed(token)
 
 
-@torch.no_grad()
-def prefill(model: GravityOcrForConditionalGeneration, prompt: EncodedPrompt, cache: DynamicCache) -> tuple[torch.Tensor, int]:
-    """Run image + prompt through the model into `cache`; returns the last logits and the
-    rope position of the first response token."""
-    logits, next_position, _ = prefill_with_drafts(model, prompt, cache, 0)
-    return logits, next_position
+@dataclass
+class Prefill:
+    """What running a prompt into a cache gives."""
+
+    logits: torch.Tensor  # the last prompt position's: the first response token's
+    next_position: int  # rope position of the first response token
+    draft_logits: torch.Tensor  # the masks' after the first (none without masks)
+    # a model that copies its reading: the reading (with the eos) its copy tokens come from
+    reading: ReadingIndex | None = None
 
 
 @torch.no_grad()
-def prefill_with_drafts(model: GravityOcrForConditionalGeneration, prompt: EncodedPrompt, cache: DynamicCache,
-                        block: int) -> tuple[torch.Tensor, int, torch.Tensor]:
-    """`prefill`, with `block` masks after the prompt at the first response positions:
-    they see the prompt and each other, the prompt never sees them, and only the prompt's
-    KV is kept. Also returns the masks' logits for the tokens after the first one (the
-    first mask drafts the first token, which the prompt's last logits give exactly)."""
+def prefill(model: GravityOcrForConditionalGeneration, prompt: EncodedPrompt, cache: DynamicCache,
+            eos_ids: set[int] | frozenset[int] = frozenset(), block: int = 0) -> Prefill:
+    """Run image + prompt through the model into `cache`. With `block` masks after the
+    prompt at the first response positions: they see the prompt and each other, the prompt
+    never sees them, and only the prompt's KV is kept; their logits for the tokens after the
+    first one are the drafts (the first mask drafts the first token, which the prompt's
+    last logits give exactly). `eos_ids`: what ends the reading a copying model copies from."""
     device = model.device
     input_ids = prompt.input_ids.to(device)
     length = input_ids.shape[1]
-    image_embeds = torch.cat(model.encode_images(prompt.pixel_values.to(device), prompt.image_grid_thw.to(device)))
+    readings: list = []
+    image_embeds = torch.cat(model.encode_images(prompt.pixel_values.to(device), prompt.image_grid_thw.to(device),
+                                                 readings))
+    reading = ReadingIndex(reading_with_eos(readings[0], frozenset(eos_ids))) \
+        if model.copies_reading and readings else None
     positions, next_position = model.rope_positions(input_ids, prompt.image_grid_thw.to(device))
     if block:
         input_ids = torch.cat([input_ids, torch.full((1, block), model.mask_token_id, device=device)], 1)
         mask_positions = torch.arange(next_position, next_position + block, device=device).view(1, 1, -1)
         positions = torch.cat([positions, mask_positions.expand(3, 1, -1)], 2)
-    embeds = model.embed(input_ids, image_embeds)
+    copy_ids = None
+    if reading is not None:  # the last prompt position predicts the first token
+        copy_ids = torch.full_like(input_ids, NO_COPY)
+        copy_ids[0, length - 1] = reading.copy_token([])
+    embeds = model.embed(input_ids, image_embeds, copy_ids)
     mask = causal_attention_mask(0, length + block, device)
     mask[length:, length:] = True
     logits = model.logits_from_embeds(embeds, positions, mask[None, None], cache)
     if block:
         cache.crop(-block)
-    return logits[0, length - 1], next_position, logits[0, length + 1:]
+    return Prefill(logits[0, length - 1], next_position, logits[0, length + 1:], reading)
 
 
-def _step(model, token_ids: list[int], first_position: int, mask: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+def _step(model, token_ids: list[int], first_position: int, mask: torch.Tensor, cache: DynamicCache,
+          copy_ids: list[int] | None = None) -> torch.Tensor:
     device = model.device
     ids = torch.tensor([token_ids], dtype=torch.long, device=device)
     positions = torch.arange(first_position, first_position + len(token_ids), device=device).view(1, 1, -1).expand(3, 1, -1)
-    return model.logits_from_embeds(model.embed(ids), positions, mask[None, None], cache)[0]
+    copies = None if copy_ids is None else torch.tensor([copy_ids], dtype=torch.long, device=device)
+    return model.logits_from_embeds(model.embed(ids, None, copies), positions, mask[None, None], cache)[0]
+
+
+def _copies(reading: ReadingIndex | None, tokens: list[int], first: int, count: int) -> list[int] | None:
+    """Copy tokens of `count` inputs whose first is `tokens[first - 1]`: input i predicts
+    token first + i, so it gets the copy token of `tokens[:first + i]` (NO_COPY past
+    `tokens`: a mask). None for a model that does not copy."""
+    if reading is None:
+        return None
+    known = reading.copy_tokens(tokens[:first + count - 1], first)[:count]
+    return known + [NO_COPY] * (count - len(known))
 
 
 def check_length(prompt: EncodedPrompt, max_new_tokens: int, model) -> None:
@@ -136,14 +161,16 @@ def greedy_decode(model, prompt: EncodedPrompt, max_new_tokens: int, eos_ids: se
     """Plain greedy AR decoding with a KV cache: one token per forward pass."""
     check_length(prompt, max_new_tokens, model)
     cache = DynamicCache(config=model.config.text_config)
-    logits, position = prefill(model, prompt, cache)
+    start = prefill(model, prompt, cache, eos_ids)
+    position, reading = start.next_position, start.reading
     sequence = _Sequence(eos_ids, max_new_tokens, prompt.task)
     stats = DecodeStats(forward_passes=1)
-    sequence.commit([int(logits.argmax())])
+    sequence.commit([int(start.logits.argmax())])
     while not sequence.finished:
         past = cache.get_seq_length()
-        logits = _step(model, sequence.tokens[-1:], position + len(sequence.tokens) - 1,
-                       causal_attention_mask(past, 1, model.device), cache)
+        k = len(sequence.tokens)
+        logits = _step(model, sequence.tokens[-1:], position + k - 1, causal_attention_mask(past, 1, model.device),
+                       cache, _copies(reading, sequence.tokens, k, 1))
         stats.forward_passes += 1
         stats.ar_rounds += 1
         sequence.commit([int(logits[-1].argmax())])
@@ -161,16 +188,17 @@ def speculative_decode(model, prompt: EncodedPrompt, max_new_tokens: int, eos_id
     if block_size < 2:
         raise ValueError(f"block_size must be at least 2, got {block_size}")
     cache = DynamicCache(config=model.config.text_config)
-    logits, position, draft_logits = prefill_with_drafts(model, prompt, cache,
-                                                         first_block(block_size, max_new_tokens))
+    start = prefill(model, prompt, cache, eos_ids, first_block(block_size, max_new_tokens))
+    position, reading = start.next_position, start.reading
     sequence = _Sequence(eos_ids, max_new_tokens, prompt.task,
                          draft_rules.shape_for(prompt.task) if draft_rules else None)
     stats = DecodeStats(forward_passes=1)
-    sequence.commit([int(logits.argmax())])
-    drafts = kept_to_structure(sequence.shape, draft_logits.argmax(-1).tolist())
+    sequence.commit([int(start.logits.argmax())])
+    drafts = kept_to_structure(sequence.shape, start.draft_logits.argmax(-1).tolist())
     if not sequence.finished and drafts:  # the first round: verify [y_0, drafts], no draft pass
         verify_logits = _step(model, sequence.tokens + drafts, position,
-                              causal_attention_mask(cache.get_seq_length(), 1 + len(drafts), model.device), cache)
+                              causal_attention_mask(cache.get_seq_length(), 1 + len(drafts), model.device), cache,
+                              _copies(reading, sequence.tokens + drafts, 1, 1 + len(drafts)))
         stats.forward_passes += 1
         _accept(sequence, stats, cache, drafts, verify_logits.argmax(-1).tolist())
     mask_id = model.mask_token_id
@@ -180,8 +208,10 @@ def speculative_decode(model, prompt: EncodedPrompt, max_new_tokens: int, eos_id
         block = max(2, min(block_size, max_new_tokens - len(sequence.tokens)))
         past = cache.get_seq_length()
 
+        # x predicts y, which is committed: it gets its copy token; the masks draft without
         draft_logits = _step(model, sequence.tokens[-1:] + [mask_id] * block, x_position,
-                             draft_attention_mask(past, block, model.device), cache)
+                             draft_attention_mask(past, block, model.device), cache,
+                             _copies(reading, sequence.tokens, len(sequence.tokens), 1 + block))
         cache.crop(-block)  # keep x only
         stats.forward_passes += 1
         y = int(draft_logits[0].argmax())
@@ -192,7 +222,8 @@ def speculative_decode(model, prompt: EncodedPrompt, max_new_tokens: int, eos_id
         drafts = kept_to_structure(sequence.shape, draft_logits[2:].argmax(-1).tolist())  # d_2..d_B
 
         verify_logits = _step(model, [y] + drafts, x_position + 1,
-                              causal_attention_mask(past + 1, 1 + len(drafts), model.device), cache)
+                              causal_attention_mask(past + 1, 1 + len(drafts), model.device), cache,
+                              _copies(reading, sequence.tokens + drafts, len(sequence.tokens), 1 + len(drafts)))
         stats.forward_passes += 1
         _accept(sequence, stats, cache, drafts, verify_logits.argmax(-1).tolist())
     stats.committed_tokens = len(sequence.tokens)

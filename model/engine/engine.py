@@ -82,7 +82,7 @@ class Engine:
                                            and torch.device(self.config.device).type == "cpu")
         # Rounds draft from the reading prefix where the model has one: no masks in the prefill.
         self._reading_drafts = self.config.reading_drafts and self.model.reading_prefix is not None
-        self.runner = ModelRunner(self.model, self.config)
+        self.runner = ModelRunner(self.model, self.config, self.eos_ids)
         self.scheduler = Scheduler(self.runner.cache, self.config.max_batch_size)
         self._stats = EngineStats()
         self._sequences: dict[str, Sequence] = {}  # by request id: waiting or running
@@ -130,7 +130,7 @@ class Engine:
             start, cpu_start = time.perf_counter(), time.process_time()
             speculative = self.config.speculates(len(running))
             outcomes = rounds.speculative(self.runner, running, self.config.block_size, self.config.adaptive_block,
-                                          self._structured_classic_drafts) if speculative \
+                                          self._structured_classic_drafts, self._reading_drafts) if speculative \
                 else rounds.ar(self.runner, running)
             self._apply(running, outcomes, in_decode=True)
             elapsed = time.perf_counter() - start
@@ -181,7 +181,7 @@ class Engine:
         speculating = self.config.speculates(len(self.scheduler.running))  # newcomers are running already
         masks = speculating and not self._reading_drafts
         blocks = [first_block(self.config.block_size, s.max_new_tokens) if masks else 0 for s in newcomers]
-        outcomes = rounds.prefill(self.runner, newcomers, blocks, self._reading_drafts)
+        outcomes = rounds.prefill(self.runner, newcomers, blocks)
         elapsed = time.perf_counter() - start
         self._stats.prefill_seconds += elapsed
         for sequence in newcomers:

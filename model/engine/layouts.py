@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from gravityocr.model.decode.reading_drafts import ReadingIndex
 from gravityocr.model.engine.sequence import Sequence
 
 
@@ -38,8 +39,11 @@ class PassLayout:
     image_grid_thw: torch.Tensor | None = None
     first_positions: list[int] | None = None  # prefill: each row's first response position
     # written by `ModelRunner.run` for a prefill of a model with a reading prefix: each row's
-    # reading (token ids), what reading drafts are read from (model/decode/reading_drafts.py)
-    readings: list[list[int]] | None = None
+    # reading with the eos, what reading drafts and copy tokens are read from
+    # (model/decode/reading_drafts.py)
+    readings: list[ReadingIndex] | None = None
+    # (n, q) each position's copy token, for a model that copies its reading (NO_COPY: none)
+    copy_ids: torch.Tensor | None = None
 
 
 def _as_tensor(values, device) -> torch.Tensor:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gravityocr.model.decode.reading_drafts import DRAFTED_TASKS, reading_drafts, reading_with_eos
+from gravityocr.model.decode.reading_drafts import DRAFTED_TASKS, NO_COPY, ReadingIndex
 from gravityocr.model.decode.structured_drafts import kept_to_structure
 from gravityocr.model.engine.layouts import ar_layout, draft_layout, prefill_layout, running_rows, verify_layout
 from gravityocr.model.engine.runner import ModelRunner
@@ -34,31 +34,34 @@ class Outcome:
     accepted: int | None = None  # speculative rounds: drafts accepted
     ar: bool = False  # an AR round
     drafts: list[int] = field(default_factory=list)  # drafts for the next round (the prefill's)
-    reading: list[int] | None = None  # the prefill's: the reading drafts come from, with its eos
+    reading: ReadingIndex | None = None  # the prefill's: the reading (with its eos) drafts and copies come from
     first_position: int | None = None  # the prefill's: rope position of the first response token
 
 
-def prefill(runner: ModelRunner, sequences: list[Sequence], blocks: list[int], with_readings: bool) -> list[Outcome]:
+def prefill(runner: ModelRunner, sequences: list[Sequence], blocks: list[int]) -> list[Outcome]:
     """Image + prompt of each newcomer into its slot, with `blocks[i]` masks after it (0: no
-    drafts); each gets its first response token and drafts for the tokens after it, and
-    `with_readings` (a model with a reading prefix) the reading later rounds draft from."""
+    drafts); each gets its first response token and drafts for the tokens after it, and (a
+    model with a reading prefix) the reading later rounds draft and copy from."""
     layout = prefill_layout(runner.model, sequences, blocks, runner.mask_id, runner.pad_id, runner.device)
     rows = runner.run(layout).argmax(-1).tolist()  # the one device-to-host transfer
-    readings = layout.readings if with_readings and layout.readings is not None else [None] * len(sequences)
+    readings = layout.readings or [None] * len(sequences)
     return [Outcome([row[0]], kv_length=sequence.prompt_len, drafts=row[1:block], first_position=first,
-                    reading=None if reading is None else reading_with_eos(reading, sequence.eos_ids))
+                    reading=reading)
             for sequence, row, block, reading, first in zip(sequences, rows, blocks, readings, layout.first_positions)]
 
 
 def speculative(runner: ModelRunner, sequences: list[Sequence], block_size: int, adaptive: bool,
-                structured: bool) -> list[Outcome]:
+                structured: bool, from_reading: bool) -> list[Outcome]:
     """Draft pass [x, M x b] then verify pass [y, d_2..d_b] for every row. A row that comes
-    with drafts (its prefill's, or its reading's) verifies [x, drafts] instead and its
-    draft-pass row, if the pass runs for others, is ignored. Rows that finish at y are verified anyway (the result
-    is ignored), so that no transfer is needed between the passes. `structured`: the
-    drafted rows' drafts are kept to their formula's structure between the passes."""
+    with drafts (its prefill's, or with `from_reading` its reading's) verifies [x, drafts]
+    instead and its draft-pass row, if the pass runs for others, is ignored. Rows that
+    finish at y are verified anyway (the result is ignored), so that no transfer is needed
+    between the passes. `structured`: the drafted rows' drafts are kept to their formula's
+    structure between the passes. A model that copies its reading needs the drafted rows'
+    y and drafts on the host for their copy tokens: one more transfer, between the passes."""
     device = runner.device
-    came_with = [_verifiable(s, block_size, adaptive) for s in sequences]  # None: drafted here
+    copies = runner.model.copies_reading
+    came_with = [_verifiable(s, block_size, adaptive, from_reading) for s in sequences]  # None: drafted here
     blocks = [s.next_block(block_size, adaptive) if d is None else 1 + len(d) for s, d in zip(sequences, came_with)]
     n, width = len(sequences), max(blocks)
     past = running_rows(sequences, runner.cache.lengths)
@@ -72,7 +75,11 @@ def speculative(runner: ModelRunner, sequences: list[Sequence], block_size: int,
     if all(d is not None for d in came_with):
         y, drafts = last_tokens, given
     else:
-        draft_logits = runner.run(draft_layout(last_tokens, x_positions, past, block_sizes, width, runner.mask_id))
+        layout = draft_layout(last_tokens, x_positions, past, block_sizes, width, runner.mask_id)
+        if copies:  # x predicts y, which is committed; the masks draft without a copy token
+            layout.copy_ids = _copy_ids([s.reading for s in sequences], [s.tokens for s in sequences],
+                                        [len(s.tokens) for s in sequences], 1 + width, device)
+        draft_logits = runner.run(layout)
         # d_1 drafts y's own position: drafts are d_2..d_width
         y, drafts = draft_logits[:, 0].argmax(-1), draft_logits[:, 2:].argmax(-1)
         if structured:
@@ -83,7 +90,14 @@ def speculative(runner: ModelRunner, sequences: list[Sequence], block_size: int,
 
     # after x, or at x for a row verifying from x (x's KV is written again)
     verify_past = [cached + (1 if d is None else 0) for cached, d in zip(past, came_with)]
-    predictions = runner.run(verify_layout(y, drafts, x_positions + 1 - has_drafts.long(), verify_past)).argmax(-1)
+    layout = verify_layout(y, drafts, x_positions + 1 - has_drafts.long(), verify_past)
+    if copies:  # input i of a row predicts the token after its text up to that input
+        inputs = layout.ids.tolist()
+        texts = [s.tokens[:-1] + row if d is not None else s.tokens + row
+                 for s, row, d in zip(sequences, inputs, came_with)]
+        firsts = [len(s.tokens) + (d is None) for s, d in zip(sequences, came_with)]
+        layout.copy_ids = _copy_ids([s.reading for s in sequences], texts, firsts, width, device)
+    predictions = runner.run(layout).argmax(-1)
     in_block = torch.arange(width - 1, device=device)[None, :] < (block_sizes - 1)[:, None]
     agrees = (drafts == predictions[:, :-1]) & in_block
     accepted = agrees.long().cumprod(1).sum(1)  # longest agreeing prefix
@@ -105,26 +119,42 @@ def ar(runner: ModelRunner, sequences: list[Sequence]) -> list[Outcome]:
     past = running_rows(sequences, runner.cache.lengths)
     last_tokens = torch.tensor([s.tokens[-1] for s in sequences], dtype=torch.long, device=device)
     x_positions = torch.tensor([s.x_position for s in sequences], dtype=torch.long, device=device)
-    tokens = runner.run(ar_layout(last_tokens, x_positions, past))[:, 0].argmax(-1).tolist()
+    layout = ar_layout(last_tokens, x_positions, past)
+    if runner.model.copies_reading:
+        layout.copy_ids = _copy_ids([s.reading for s in sequences], [s.tokens for s in sequences],
+                                    [len(s.tokens) for s in sequences], 1, device)
+    tokens = runner.run(layout)[:, 0].argmax(-1).tolist()
     return [Outcome([token], kv_length=cached + 1, ar=True) for token, cached in zip(tokens, past)]
 
 
-def _verifiable(sequence: Sequence, block_size: int, adaptive: bool) -> list[int] | None:
+def _copy_ids(readings: list[ReadingIndex], texts: list[list[int]], firsts: list[int], width: int,
+              device) -> torch.Tensor:
+    """(n, width) copy tokens of rows whose input i predicts token `firsts[r] + i` of
+    `texts[r]` (the reference's `_copies`): the copy token of the text before it, NO_COPY
+    past the row's text (masks)."""
+    rows = []
+    for reading, text, first in zip(readings, texts, firsts):
+        known = reading.copy_tokens(text[:first + width - 1], first)[:width]
+        rows.append(known + [NO_COPY] * (width - len(known)))
+    return torch.tensor(rows, dtype=torch.long, device=device)
+
+
+def _verifiable(sequence: Sequence, block_size: int, adaptive: bool, from_reading: bool) -> list[int] | None:
     """Drafts a sequence verifies without a draft pass: its reading's (where it drafts from
     its reading; none where the reading has no place to continue from: it then verifies [x]
     alone, an AR step) or its prefill's (its first round); no more than may still be
     committed after the bonus, kept to its formula's structure. None: the round drafts for it."""
     room = max(0, sequence.max_new_tokens - len(sequence.tokens) - 1)
-    if sequence.reading is not None:
+    if from_reading and sequence.reading is not None:
         if sequence.request.prompt.task not in DRAFTED_TASKS:
             return []  # an AR step in the round
-        drafts = reading_drafts(sequence.tokens, sequence.reading, sequence.next_block(block_size, adaptive) - 1)
+        drafts = sequence.reading.drafts(sequence.tokens, sequence.next_block(block_size, adaptive) - 1)
     elif sequence.drafts:
         drafts = sequence.drafts
     else:
         return None
     kept = kept_to_structure(sequence.shape, drafts[:room])
-    return kept if kept or sequence.reading is not None else None
+    return kept if kept or (from_reading and sequence.reading is not None) else None
 
 
 def _kept_to_structure(sequences: list[Sequence], came_with: list[list[int]], y: torch.Tensor, drafts: torch.Tensor,

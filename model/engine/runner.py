@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from gravityocr.model.decode.reading_drafts import NO_COPY, ReadingIndex, reading_with_eos
 from gravityocr.model.engine.config import EngineConfig
 from gravityocr.model.engine.kv_cache import SlotKVCache, rows_attention_mask
 from gravityocr.model.engine.layouts import PassLayout
@@ -13,7 +14,7 @@ class ModelRunner:
     """Owns the model and the slot cache. `run` writes each row's new KV after its cached
     tokens; which of it stays is the scheduler's call (`SlotKVCache.keep`)."""
 
-    def __init__(self, model, config: EngineConfig):
+    def __init__(self, model, config: EngineConfig, eos_ids: frozenset[int] = frozenset()):
         self.model = model
         self.config = config
         self.device = torch.device(config.device)
@@ -21,6 +22,7 @@ class ModelRunner:
         self.mask_id = model.mask_token_id
         self.pad_id = model.config.pad_token_id or 0
         self.reads = model.reading_prefix is not None  # a prefill also gives each row's reading
+        self.eos_ids = eos_ids  # end the readings (model/decode/reading_drafts.py)
         self.batched_passes = 0
 
     @torch.no_grad()
@@ -37,9 +39,15 @@ class ModelRunner:
             pixels = layout.pixel_values.to(self.device, self.config.dtype)
             readings = [] if self.reads else None
             image_embeds = torch.cat(model.encode_images(pixels, layout.image_grid_thw.to(self.device), readings))
-            layout.readings = readings
+            if readings is not None:
+                layout.readings = [ReadingIndex(reading_with_eos(r, self.eos_ids)) for r in readings]
+                if model.copies_reading:  # each row's last prompt position predicts its first token
+                    layout.copy_ids = torch.full_like(layout.ids, NO_COPY)
+                    firsts = torch.tensor([r.copy_token([]) for r in layout.readings], device=self.device)
+                    layout.copy_ids.scatter_(1, layout.columns[:, :1], firsts[:, None])
         hidden = model.model.language_model(
-            inputs_embeds=model.embed(layout.ids, image_embeds), position_ids=layout.positions, attention_mask=mask,
+            inputs_embeds=model.embed(layout.ids, image_embeds, layout.copy_ids), position_ids=layout.positions,
+            attention_mask=mask,
             cache=self.cache, use_cache=True,
         ).last_hidden_state
         if layout.columns is not None:

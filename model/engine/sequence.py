@@ -8,6 +8,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from gravityocr.model.decode.reading_drafts import ReadingIndex
 from gravityocr.model.decode.reference import DecodeStats
 from gravityocr.model.network.processor import EncodedPrompt
 from gravityocr.model.decode.stopping import stop_reason
@@ -55,9 +56,9 @@ class Sequence:
     # first speculative round verifies them instead of running a draft pass.
     drafts: list[int] = field(default_factory=list)
     shape: object = None  # what the committed tokens say of a formula (model/decode/structured_drafts.py)
-    # what the vision tower read, followed by the eos (set by the prefill where the engine
-    # drafts from it): model/decode/reading_drafts.py
-    reading: list[int] | None = None
+    # what the vision tower read, followed by the eos (set by the prefill of a model with a
+    # reading prefix): what reading drafts and copy tokens come from (model/decode/reading_drafts.py)
+    reading: ReadingIndex | None = None
 
     @property
     def prompt_len(self) -> int:

@@ -46,6 +46,15 @@ class GravityOcrForConditionalGeneration(GlmOcrForConditionalGeneration):
 
             del self.model.visual
             self.strip_vision = StripVisionTower(config.text_config.hidden_size, config.text_config.vocab_size)
+        if getattr(config, "reading_copy", False):
+            if getattr(config, "reading_prefix", None) is None:
+                raise ValueError("reading_copy needs a reading prefix (config reading_prefix)")
+            # The copy path: the reading's token at the place the text has reached
+            # (model/decode/reading_drafts.py) is projected into the input of the position that
+            # predicts the next token; zero at the start, so a model gains it as the same function.
+            hidden = config.text_config.hidden_size
+            self.reading_copy = nn.Linear(hidden, hidden)
+            self._init_reading_copy()
         if getattr(config, "mask_token_id", None) is None:
             # A hub GLM-OCR checkpoint has no mask id: use one past the vocabulary, which
             # never collides with a real token and is never looked up in the embedding table.
@@ -60,10 +69,17 @@ class GravityOcrForConditionalGeneration(GlmOcrForConditionalGeneration):
         with torch.no_grad():
             hf_init.normal_(self.mask_embedding, mean=0.0, std=self.config.text_config.initializer_range)
 
+    def _init_reading_copy(self) -> None:
+        with torch.no_grad():
+            hf_init.zeros_(self.reading_copy.weight)
+            hf_init.zeros_(self.reading_copy.bias)
+
     def _init_weights(self, module):
         super()._init_weights(module)
         if module is self:
             self._init_mask_embedding()
+        if module is getattr(self, "reading_copy", None):
+            self._init_reading_copy()
         strip_vision = getattr(self, "strip_vision", None)
         if strip_vision is not None and module is strip_vision.reading_projection:
             # a strip checkpoint saved before the reading hint loads as the same function
@@ -78,6 +94,11 @@ class GravityOcrForConditionalGeneration(GlmOcrForConditionalGeneration):
         from gravityocr.model.network.strip_vision import ReadingPrefix
 
         return ReadingPrefix.of(self.config)
+
+    @property
+    def copies_reading(self) -> bool:
+        """Whether `embed` takes copy tokens (config `reading_copy`, a model with a reading prefix)."""
+        return hasattr(self, "reading_copy")
 
     @property
     def mask_token_id(self) -> int:
@@ -120,14 +141,21 @@ class GravityOcrForConditionalGeneration(GlmOcrForConditionalGeneration):
             out.append(visual)
         return out
 
-    def embed(self, input_ids: torch.Tensor, image_embeds: torch.Tensor | None = None) -> torch.Tensor:
+    def embed(self, input_ids: torch.Tensor, image_embeds: torch.Tensor | None = None,
+              copy_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Token embeddings with mask positions replaced by the mask embedding and image
         placeholders (and reading-prefix placeholders) replaced in order by `image_embeds`
-        (what `encode_images` gives, all images concatenated)."""
+        (what `encode_images` gives, all images concatenated). `copy_ids` (shaped as
+        `input_ids`; NO_COPY where a position has none), for a model that `copies_reading`:
+        each position's copy token (model/decode/reading_drafts.py), projected and added."""
         is_mask = input_ids == self.mask_token_id
         table = self.get_input_embeddings()
         embeds = table(input_ids.masked_fill(is_mask, 0))
         embeds = torch.where(is_mask[..., None], self.mask_embedding.to(embeds.dtype), embeds)
+        if copy_ids is not None and self.copies_reading:
+            has_copy = copy_ids >= 0
+            copied = self.reading_copy(table(copy_ids.clamp(min=0)))
+            embeds = embeds + torch.where(has_copy[..., None], copied, torch.zeros_like(copied)).to(embeds.dtype)
         if image_embeds is not None:
             is_image = input_ids == self.config.image_token_id
             prefix = self.reading_prefix

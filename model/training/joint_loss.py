@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from gravityocr.model.decode.reading_drafts import NO_COPY, ReadingIndex
 from gravityocr.model.decode.attention import JointLayout, complementary_mask_choice, joint_attention_mask, joint_position_ids, pad_square_masks
 from gravityocr.model.network.modeling import GravityOcrForConditionalGeneration
 from gravityocr.model.network.processor import EncodedPrompt
@@ -31,6 +32,9 @@ class Objective(str, enum.Enum):
 class TrainingSample:
     prompt: EncodedPrompt
     target_ids: list[int]  # the response, ending with eos
+    # a model that copies its reading (model/decode/reading_drafts.py): the prompt's reading
+    # with the eos, as the decoder sees it
+    reading: list[int] | None = None
 
 
 @dataclass
@@ -43,6 +47,9 @@ class JointBatch:
     ar_targets: torch.Tensor  # (N, T): target of the logit at each position, IGNORE elsewhere
     denoise_targets: torch.Tensor  # (N, T)
     layouts: list[JointLayout]
+    # (N, T) copy tokens of the clean stream's positions (NO_COPY elsewhere); None: the
+    # model does not copy its reading
+    copy_ids: torch.Tensor | None = None
 
 
 @dataclass
@@ -91,7 +98,8 @@ def build_joint_batch(
     `</tr></table><eos>`)."""
     corrupted = objective != Objective.AR_ONLY
     pad_id = model.config.pad_token_id or 0
-    rows, positions, masks, ar_rows, denoise_rows, layouts = [], [], [], [], [], []
+    copies = bool(getattr(model.config, "reading_copy", False))
+    rows, positions, masks, ar_rows, denoise_rows, layouts, copy_rows = [], [], [], [], [], [], []
     for sample in samples:
         prefix = sample.prompt.input_ids
         target = torch.tensor(sample.target_ids, dtype=torch.long)
@@ -118,6 +126,15 @@ def build_joint_batch(
                 ids.append(target.masked_fill(stream_masked | is_padding, model.mask_token_id))
                 denoise_target[start:start + L] = target.masked_fill(~stream_masked | is_padding, IGNORE)
         rows.append(torch.cat(ids))
+        if copies:
+            # the last prompt position predicts token 0, the clean stream's token j-1 predicts
+            # token j: each gets the copy token of the text before the token it predicts;
+            # the corrupted streams draft without one, as draft passes do
+            copy_row = torch.full((layout.total_len,), NO_COPY)
+            if sample.reading is not None:
+                index = ReadingIndex(sample.reading)
+                copy_row[P - 1:P - 1 + real] = torch.tensor(index.copy_tokens(sample.target_ids[:real - 1]))
+            copy_rows.append(copy_row)
         positions.append(joint_position_ids(prefix_positions[:, 0], first_response, layout))
         masks.append(joint_attention_mask(layout))
         ar_rows.append(ar_target)
@@ -138,6 +155,7 @@ def build_joint_batch(
         ar_targets=pad(ar_rows, IGNORE),
         denoise_targets=pad(denoise_rows, IGNORE),
         layouts=layouts,
+        copy_ids=pad(copy_rows, NO_COPY) if copies else None,
     )
 
 
@@ -173,6 +191,7 @@ def split_by_length(batch: JointBatch, max_tokens: int) -> list[MicroBatch]:
             ar_targets=batch.ar_targets[rows, :total],
             denoise_targets=batch.denoise_targets[rows, :total],
             layouts=[batch.layouts[i] for i in group],
+            copy_ids=None if batch.copy_ids is None else batch.copy_ids[rows, :total],
         )))
     return micro_batches
 
@@ -180,7 +199,8 @@ def split_by_length(batch: JointBatch, max_tokens: int) -> list[MicroBatch]:
 def joint_logits(model: GravityOcrForConditionalGeneration, batch: JointBatch) -> torch.Tensor:
     device = model.device
     image_embeds = torch.cat(model.encode_images(batch.pixel_values.to(device), batch.image_grid_thw.to(device)))
-    embeds = model.embed(batch.input_ids.to(device), image_embeds)
+    copy_ids = None if batch.copy_ids is None else batch.copy_ids.to(device)
+    embeds = model.embed(batch.input_ids.to(device), image_embeds, copy_ids)
     return model.logits_from_embeds(embeds, batch.position_ids.to(device), batch.attention_mask.to(device))
 
 

@@ -29,9 +29,10 @@ def sample_group(model: GravityOcrForConditionalGeneration, prompt: EncodedPromp
     check_length(prompt, max_new_tokens, model)
     device = model.device
     cache = DynamicCache(config=model.config.text_config)
-    logits, position = prefill(model, prompt, cache)
+    start = prefill(model, prompt, cache, eos_ids)
+    position = start.next_position
     cache.batch_repeat_interleave(group_size)
-    logits = logits.expand(group_size, -1)
+    logits = start.logits.expand(group_size, -1)
     eos = torch.tensor(sorted(eos_ids), dtype=torch.long)
     columns: list[torch.Tensor] = []
     finished = torch.zeros(group_size, dtype=torch.bool)
@@ -44,7 +45,12 @@ def sample_group(model: GravityOcrForConditionalGeneration, prompt: EncodedPromp
             break
         positions = torch.full((3, group_size, 1), position + step, dtype=torch.long, device=device)
         mask = causal_attention_mask(cache.get_seq_length(), 1, device)[None, None]
-        logits = model.logits_from_embeds(model.embed(tokens[:, None].to(device)), positions, mask, cache)[:, -1]
+        copy_ids = None
+        if start.reading is not None:  # each member's copy token of its own text
+            drawn = torch.stack(columns, dim=1).tolist()
+            copy_ids = torch.tensor([[start.reading.copy_token(row)] for row in drawn], device=device)
+        embeds = model.embed(tokens[:, None].to(device), None, copy_ids)
+        logits = model.logits_from_embeds(embeds, positions, mask, cache)[:, -1]
     responses = []
     for row in torch.stack(columns, dim=1).tolist():
         end = next((i + 1 for i, token in enumerate(row) if token in eos_ids), len(row))

@@ -35,7 +35,8 @@ from gravityocr.model.network.ppocr_tower import load_ppocr_recognizer as load_t
 from gravityocr.model.network.processor import EncodedPrompt, OcrProcessor
 from gravityocr.model.training.recipes import read_recipe
 from gravityocr.model.training.schedule import LearningRateSchedule
-from gravityocr.model.network.strip_vision import ReadingPrefix, StripImageProcessor, reading_head_weights
+from gravityocr.model.network.strip_vision import MERGE, ReadingPrefix, StripImageProcessor, reading_head_weights
+from gravityocr.model.decode.reading_drafts import reading_with_eos
 
 
 @dataclass
@@ -46,6 +47,7 @@ class StripTrainConfig:
     init_from: str = "model/default"  # text decoder, mask embedding, tokenizer
     tower_weights: str = ""  # `convert_onnx` output; "" converts rapidocr's bundled file
     reading_prefix: bool = False  # the decoder also reads the classifier's text (model/network/strip_vision.py)
+    reading_copy: bool = False  # and gets the reading's token at its place as input (model/decode/reading_drafts.py)
     # Draw items of a type in proportion to their text's length (each type keeps its share of
     # the batch): a corpus build's text items are mostly words and short lines, a page's are long.
     sample_by_length: bool = False
@@ -86,12 +88,14 @@ class StripTrainConfig:
 
 # --- the starting model -------------------------------------------------------------------
 
-def start_model(init_from: str | Path, tower_weights: str | Path, reading_prefix: bool = False) -> Recognizer:
+def start_model(init_from: str | Path, tower_weights: str | Path, reading_prefix: bool = False,
+                reading_copy: bool = False) -> Recognizer:
     """`init_from`'s text side under a strip tower with pretrained PP-OCRv6 weights. A strip
     model's own projections are kept (training continues; one saved before the reading hint
     existed loads with the hint's projection at zero); otherwise they start fresh, the
     hint's at zero. The reading hint's classifier always comes from `tower_weights`.
-    `reading_prefix` adds the reading prefix; a model that has one keeps it."""
+    `reading_prefix` adds the reading prefix, `reading_copy` the copy path (zero at the
+    start); a model that has either keeps it."""
     source = load_recognizer(init_from)
     config = source.model.config
     continues = vision_tower_of(config) == STRIP_TOWER
@@ -99,11 +103,15 @@ def start_model(init_from: str | Path, tower_weights: str | Path, reading_prefix
     tokenizer = source.processor.tokenizer
     if reading_prefix and ReadingPrefix.of(config) is None:
         config.reading_prefix = asdict(ReadingPrefix.for_tokenizer(tokenizer))
+    if reading_copy:
+        if ReadingPrefix.of(config) is None:
+            raise ValueError("reading_copy needs a model with a reading prefix (reading_prefix: true)")
+        config.reading_copy = True
     model = GravityOcrForConditionalGeneration(config)
     kept = {k: v for k, v in source.model.state_dict().items()
             if not k.startswith(("model.visual.", "strip_vision.reading_head."))}
     missing, unexpected = model.load_state_dict(kept, strict=False)
-    if unexpected or any(not k.startswith("strip_vision.") for k in missing):
+    if unexpected or any(not k.startswith(("strip_vision.", "reading_copy.")) for k in missing):
         raise ValueError(f"text weights do not fit: missing {missing}, unexpected {unexpected}")
     tower = load_tower(tower_weights)
     vision = model.strip_vision
@@ -218,9 +226,14 @@ class CachedTowerView(nn.Module):
     def device(self):
         return self.model.device
 
-    def encode_images(self, features: torch.Tensor, image_grid_thw: torch.Tensor) -> list[torch.Tensor]:
+    def encode_images(self, features: torch.Tensor, image_grid_thw: torch.Tensor,
+                      readings: list | None = None) -> list[torch.Tensor]:
         counts = (image_grid_thw.prod(dim=1) // 4).tolist()
-        return self.model.embed_strip_features(list(features.float().split(counts)), image_grid_thw)
+        return self.model.embed_strip_features(list(features.float().split(counts)), image_grid_thw, readings)
+
+    @property
+    def copies_reading(self) -> bool:
+        return self.model.copies_reading
 
     def embed(self, *args, **kwargs):
         return self.model.embed(*args, **kwargs)
@@ -232,10 +245,20 @@ class CachedTowerView(nn.Module):
         return self.model.rope_positions(*args, **kwargs)
 
 
-def to_sample(item: CachedItem, processor: OcrProcessor) -> TrainingSample:
+def to_sample(item: CachedItem, processor: OcrProcessor,
+              model: GravityOcrForConditionalGeneration | None = None) -> TrainingSample:
+    """The item as a training sample; with a `model` that copies its reading, with the reading
+    (what the frozen classifier reads from the cached features, the eos after it)."""
     ids = processor.prompt_ids_for(item.grid, item.type)
     prompt = EncodedPrompt(torch.tensor([ids]), item.features, item.grid, item.type)
-    return TrainingSample(prompt, item.target_ids)
+    reading = None
+    if model is not None and model.copies_reading:
+        vision, (_, grid_h, grid_w) = model.strip_vision, item.grid[0].tolist()
+        with torch.no_grad():
+            read = vision.reading(vision.reading_logits(item.features.float()), grid_h // MERGE, grid_w // MERGE,
+                                  model.reading_prefix)
+        reading = reading_with_eos(read, frozenset(processor.eos_token_ids))
+    return TrainingSample(prompt, item.target_ids, reading)
 
 
 # --- training -------------------------------------------------------------------------------
@@ -281,14 +304,17 @@ def train(config: StripTrainConfig, log=print) -> Path:
         state = torch.load(checkpoint / "trainer_state.pt", weights_only=False)
     else:
         tower = Path(config.tower_weights) if config.tower_weights else default_tower_weights(output)
-        recognizer = start_model(config.init_from, tower, config.reading_prefix)
+        recognizer = start_model(config.init_from, tower, config.reading_prefix, config.reading_copy)
         state = None
     model = recognizer.model.train()
     vision = model.strip_vision
     vision.recognizer.requires_grad_(False)
     vision.reading_head.requires_grad_(False)
-    projection = [p for module in (vision.norm, vision.projection, vision.reading_projection)
-                  for p in module.parameters() if p.requires_grad]
+    # the modules that start fresh train at the projection's rate
+    fresh = [vision.norm, vision.projection, vision.reading_projection]
+    if model.copies_reading:
+        fresh.append(model.reading_copy)
+    projection = [p for module in fresh for p in module.parameters() if p.requires_grad]
     projected = {id(p) for p in projection}
     rest = [p for n, p in model.named_parameters() if p.requires_grad and id(p) not in projected]
     optimizer = torch.optim.AdamW([{"params": projection, "lr_base": config.projection_learning_rate,
@@ -326,7 +352,7 @@ def train(config: StripTrainConfig, log=print) -> Path:
             group["lr"] = group["lr_base"] * schedule.rate(step) if trains else 0.0
         chosen = (rng.choices(items, weights, k=config.batch_size) if config.sample_by_length
                   else rng.sample(items, config.batch_size))
-        samples = [to_sample(item, recognizer.processor) for item in chosen]
+        samples = [to_sample(item, recognizer.processor, model) for item in chosen]
         objective = Objective.AR_ONLY if projection_only else Objective.JOINT
         batch = build_joint_batch(view, samples, objective, config.block_size, generator=generator,
                                   min_block_size=config.min_block_size, pad_final_block=True)
