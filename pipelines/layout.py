@@ -561,10 +561,15 @@ def reading_order(regions: list[Region], tolerance: int = 2) -> list[Region]:
 @dataclass
 class ProjectionLines:
     """Lines from the row profile of the region's ink; slivers (an accent, the dot of an i
-    alone on a row band) are merged into the nearest line."""
+    alone on a row band) are merged into the nearest line; a line with a wide blank
+    stretch is read as its pieces, left to right."""
 
     name: str = "projection"
     sliver: float = 0.35  # bands under this fraction of the median band height are merged
+    # A line is cut where a blank run is this many times its height wide (a grammar's name
+    # and its `::=`, a term and its description): the recogniser reads a line of words, and
+    # wide blank stretches inside a crop make it lose its place. Word spaces are a third of that.
+    cell_gap: float = 2.5
 
     def split(self, image: Image.Image, mask: np.ndarray, box: Box) -> list[Box]:
         x0, y0, x1, y1 = box
@@ -588,8 +593,14 @@ class ProjectionLines:
         lines = []
         for a, b in bands:
             trimmed = _trim(mask, (x0, y0 + a, x1, y0 + b))
-            if trimmed is not None:
-                lines.append(trimmed)
+            if trimmed is None:
+                continue
+            lx0, ly0, lx1, ly1 = trimmed
+            gap = max(1, int(self.cell_gap * (ly1 - ly0)))
+            for c0, c1 in _runs(mask[ly0:ly1, lx0:lx1].any(axis=0), gap):
+                piece = _trim(mask, (lx0 + c0, ly0, lx0 + c1, ly1))
+                if piece is not None:
+                    lines.append(piece)
         return lines
 
 

@@ -289,3 +289,9 @@ def test_the_output_budget_holds_every_real_item_and_bounds_a_short_line(strip_r
     word = Image.new("RGB", (120, 40), "white")
     ImageDraw.Draw(word).text((8, 10), "word", fill="black")
     assert processor.output_budget(processor.encode(word, "text")) <= 150
+    # a cell cut out of a row ("x = 1"): what the crop fills bounds it, not the padding of
+    # its strip to a line's width
+    prompt = processor.encode(render(["x = 1"], 20, 3), "text")
+    padded = int(prompt.image_grid_thw[0, 2]) // 2
+    assert prompt.content_columns < padded
+    assert processor.output_budget(prompt) <= 8 * prompt.content_columns + 16 < 8 * padded + 16

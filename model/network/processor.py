@@ -47,6 +47,8 @@ class EncodedPrompt:
     pixel_values: torch.Tensor  # (patches, C*T*p*p)
     image_grid_thw: torch.Tensor  # (1, 3)
     task: str
+    # visual columns the crop fills before padding (the strip processor says; None: all of them)
+    content_columns: int | None = None
 
     @property
     def length(self) -> int:
@@ -113,6 +115,7 @@ class OcrProcessor:
             pixel_values=features["pixel_values"],
             image_grid_thw=grid,
             task=task,
+            content_columns=int(features["content_columns"][0]) if "content_columns" in features else None,
         )
 
     def prompt_ids_for(self, image_grid_thw: torch.Tensor, task: str) -> list[int]:
@@ -139,11 +142,13 @@ class OcrProcessor:
         """The most tokens a crop of this size can hold: CHARACTERS_PER_COLUMN per visual
         column on each of its lines (a row of visual tokens is half a line: rows of strips
         overlap by half, and GLM-OCR's 28-px rows are half a 56-px line), plus room for the
-        eos and markup. A crop that reads past this is not reading its image."""
+        eos and markup. A crop that reads past this is not reading its image. Columns are
+        those the crop fills (`EncodedPrompt.content_columns`), not the padding after a short one."""
         _, height, width = (int(v) for v in prompt.image_grid_thw[0])
         merge = self.image_processor.merge_size
         lines = max(1, math.ceil(height // merge / 2))
-        return CHARACTERS_PER_COLUMN * (width // merge) * lines + BUDGET_SLACK
+        columns = width // merge if prompt.content_columns is None else min(width // merge, prompt.content_columns)
+        return CHARACTERS_PER_COLUMN * columns * lines + BUDGET_SLACK
 
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)

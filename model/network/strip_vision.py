@@ -81,15 +81,19 @@ class StripImageProcessor:
     # --- the transformers-style surface OcrProcessor and loading use -----------------------
 
     def __call__(self, images, return_tensors: str = "pt") -> dict[str, torch.Tensor]:
-        cells, grids = [], []
+        cells, grids, content = [], [], []
         for image in images:
-            strips = self.strips(image)
+            strips, width = self._strips(image)
             rows, columns = strips.shape[0], strips.shape[3] // CELL_WIDTH
             # (rows, 3, 48, columns*24) -> (rows*columns, 3*48*24), row-major
             cell = strips.reshape(rows, 3, IMAGE_HEIGHT, columns, CELL_WIDTH).permute(0, 3, 1, 2, 4)
             cells.append(cell.reshape(rows * columns, 3 * IMAGE_HEIGHT * CELL_WIDTH))
             grids.append(torch.tensor([[1, MERGE * rows, MERGE * columns]]))
-        return {"pixel_values": torch.cat(cells), "image_grid_thw": torch.cat(grids)}
+            content.append(math.ceil(width / CELL_WIDTH))
+        # content_columns: the columns the crop itself fills, before the padding to min_width
+        # (what a crop can hold: OcrProcessor.output_budget)
+        return {"pixel_values": torch.cat(cells), "image_grid_thw": torch.cat(grids),
+                "content_columns": torch.tensor(content)}
 
     def save_pretrained(self, directory: str | Path) -> None:
         record = {"image_processor_type": PROCESSOR_TYPE, **asdict(self)}
@@ -122,6 +126,10 @@ class StripImageProcessor:
 
     def strips(self, image: Image.Image) -> torch.Tensor:
         """(rows, 3, 48, W) normalised as PP-OCR expects (BGR, (x/255-0.5)/0.5, zero padding)."""
+        return self._strips(image)[0]
+
+    def _strips(self, image: Image.Image) -> tuple[torch.Tensor, int]:
+        """`strips`, and the width in px the scaled crop fills of them."""
         import cv2
 
         rgb = np.asarray(image.convert("RGB"))
@@ -154,7 +162,7 @@ class StripImageProcessor:
             if hi > lo:
                 strip[lo - start:hi - start] = normalised[lo:hi]
             out[row, :, :, :width] = strip.transpose(2, 0, 1)
-        return torch.from_numpy(out)
+        return torch.from_numpy(out), width
 
 
 def cells_to_strips(cells: torch.Tensor, rows: int, columns: int) -> torch.Tensor:
