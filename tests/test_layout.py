@@ -247,4 +247,6 @@ def test_a_framed_listing_and_rules_are_not_a_table_and_a_grammar_reads_across()
               for line in grammar]
     assert row_of == sorted(row_of) and sorted(set(row_of)) == list(range(len(truth["grammar_rows"])))
     assert all(a[0] < b[0] for a, b, ra, rb in zip(grammar, grammar[1:], row_of, row_of[1:]) if ra == rb)
-    assert [sum(1 for r in row_of if r == row) for row in range(len(truth["grammar_rows"]))] == [3, 3, 1, 3, 3]
+    pieces = [[line for line, r in zip(grammar, row_of) if r == row] for row in range(len(truth["grammar_rows"]))]
+    assert [len(row) >= 2 for row in pieces] == [True, True, False, True, True]
+    assert [row[0][0] < 150 for row in pieces] == [True, True, False, True, True]  # the name first
