@@ -19,15 +19,11 @@ from gravityocr.pipelines.recognizer import CropRecognizer, RecognizerConfig
 
 REAL = Path(__file__).resolve().parents[1] / "data" / "real"
 LINE = "2 Important rules for using this package"  # a data/real line (why3 manual)
-# What the shipped model gets wrong among these views. The stage-4 model reads the loose
-# crops (half the line's height of paper around it) so, while its reading prefix holds the
-# line right in every view (the strips' grids differ by two margin tokens): the decoder, not
-# the normalisation, errs. A model that reads them makes this test fail: then empty the set.
-KNOWN_MISREADS = {
-    ("0.75x loose", "crop"): "2 Inportant rules for using this package",
-    ("1.0x loose", "crop"): "2 Intert rort rest of the using this package the",
-    ("1.5x loose", "crop"): "2 Important rules for asing this package",
-}
+# What the shipped model gets wrong among these views: nothing since stage 5 (the copy path).
+# Stage 4 misread the three loose crops while its reading prefix held the line right in every
+# view: the decoder, not the normalisation, erred. A model that misreads a view again names it
+# here, with the text it reads.
+KNOWN_MISREADS: dict[tuple[str, str], str] = {}
 
 
 def variants(line: Image.Image) -> dict[str, Image.Image]:
