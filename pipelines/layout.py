@@ -83,7 +83,8 @@ TABLE_RULE_REACH = 12
 def decorations(mask: np.ndarray, line_height: float) -> np.ndarray:
     """The ink that frames or underlines text without being part of a table: boxes drawn
     around text (a hollow rectangle: a code listing's frame) and horizontal rules that stand
-    alone (under a running header, over a footer, between sections). Left in, a frame
+    alone across much of the page (under a running header, over a footer, between sections).
+    Left in, a frame
     joins the listings and paragraphs around it into one block with ruling lines, typed a
     table, and a rule widens a header's box to the page's width. A grid table's rules are
     one component with inner lines, not a hollow rectangle, and booktabs' rules come in
@@ -93,13 +94,16 @@ def decorations(mask: np.ndarray, line_height: float) -> np.ndarray:
     count, labels, stats, _ = cv2.connectedComponentsWithStats(mask.astype(np.uint8), connectivity=8)
     thin = max(3.0, 0.3 * line_height)
     long = 4 * line_height
+    columns = np.flatnonzero(mask.any(axis=0))
+    text_width = int(columns[-1] - columns[0] + 1) if columns.size else mask.shape[1]
     frames, rules = [], []
     for label in range(1, count):
         x, y, width, height, area = stats[label].tolist()
         if width < long:
             continue
         if height <= thin and area >= 0.8 * width * height:
-            rules.append(label)
+            if width >= 0.4 * text_width:  # a fraction bar or an underlined word is text's own
+                rules.append(label)
         elif height >= line_height and area <= 2 * (width + height) * thin:
             edge = int(thin)
             inside = labels[y + edge:y + height - edge, x + edge:x + width - edge]
@@ -167,7 +171,10 @@ class PageStats:
     def of(cls, mask: np.ndarray) -> "PageStats":
         spans = [(start, end) for start, end in _runs(mask.any(axis=1), 1) if end - start >= 4]
         line_height = max(float(np.median([end - start for start, end in spans])) if spans else 20.0, 6.0)
-        gaps = [b[0] - a[1] for a, b in zip(spans, spans[1:]) if b[0] - a[1] < 2 * line_height]
+        # between two lines of text: a figure's strokes, rules and formulas' bars space otherwise
+        text_like = lambda span: 0.6 * line_height <= span[1] - span[0] <= 1.5 * line_height
+        gaps = [b[0] - a[1] for a, b in zip(spans, spans[1:])
+                if b[0] - a[1] < 2 * line_height and text_like(a) and text_like(b)]
         line_gap = float(np.median(gaps)) if gaps else 0.3 * line_height
         widths = _stroke_widths(mask)
         stroke = float(np.median(widths)) if widths.size else 2.0

@@ -50,7 +50,7 @@ def clean_documents() -> dict[str, bytes]:
     return {
         "reports/three-pages.pdf": synthetic_pages.pdf_bytes(synthetic_pages.sample_pages(3, seed=1)),
         "scans/two-frames.tiff": synthetic_pages.tiff_bytes(synthetic_pages.sample_pages(2, seed=4)),
-        "one.png": _png(synthetic_pages.table_formula_page(seed=5)),  # a figure on it (in the PDF it reads as a table)
+        "one.png": _png(synthetic_pages.table_formula_page(seed=5)),  # a figure on it, as on the PDF's page 3
     }
 
 
@@ -112,12 +112,13 @@ def test_s3_to_s3_on_two_raylets_with_bad_documents(ray_cluster, s3_endpoint, mo
     pages = sorted((r for r in good if r["document_id"] == "reports/three-pages.pdf"), key=lambda r: r["page_number"])
     assert three == document_markdown([PageResult.from_dict(json.loads(r["regions_json"])) for r in pages],
                                       figure_prefix="three-pages.pdf_figures/")
-    # one.png's figure crop is written beside its markdown, which links it relatively; nothing
-    # else is written under markdown/, and the crops never go into the Parquet rows
+    # a figure crop is written beside its document's markdown, which links it relatively;
+    # nothing else is written under markdown/, and the crops never go into the Parquet rows
     one = s3.get_object(Bucket="corpus", Key="results/markdown/one.png.md")["Body"].read().decode()
-    links = re.findall(r"!\[figure\]\(([^)]*)\)", one)
-    assert links == ["one.png_figures/p1-r6.png"]
-    assert written - markdown == {"results/markdown/one.png_figures/p1-r6.png"}
+    assert re.findall(r"!\[figure\]\(([^)]*)\)", one) == ["one.png_figures/p1-r6.png"]
+    assert re.findall(r"!\[figure\]\(([^)]*)\)", three) == ["three-pages.pdf_figures/p3-r6.png"]
+    assert written - markdown == {"results/markdown/one.png_figures/p1-r6.png",
+                                  "results/markdown/reports/three-pages.pdf_figures/p3-r6.png"}
     figure = Image.open(io.BytesIO(s3.get_object(Bucket="corpus", Key="results/markdown/one.png_figures/p1-r6.png")
                                    ["Body"].read()))
     assert figure.size[0] > 50
