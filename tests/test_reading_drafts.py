@@ -9,13 +9,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from gravityocr.model.decode.reading_drafts import reading_drafts, reading_with_eos
+from gravityocr.model.decode.reading_drafts import NO_COPY, ReadingIndex, reading_with_eos
 from gravityocr.model.decode.reference import greedy_decode
 from gravityocr.model.engine import Engine, EngineConfig, Request
 from gravityocr.model.evaluation.manifest import read_manifest
 from gravityocr.model.network.loading import DEFAULT_MODEL_DIR, load_recognizer
 
 REAL = Path(__file__).resolve().parents[1] / "data" / "real"
+
+
+def reading_drafts(committed: list[int], reading: list[int], count: int) -> list[int]:
+    return ReadingIndex(reading).drafts(committed, count)
 
 
 def test_drafts_follow_the_reading_where_the_text_agrees_with_it():
@@ -33,6 +37,17 @@ def test_after_a_drift_drafts_continue_from_the_last_tokens_place_in_the_reading
     # of two places with the same last tokens, the one nearest the decoder's position
     assert reading_drafts(list(b"the cat sat on th"), reading, 3) == list(b"e m")
     assert reading_drafts(list(b"xyz"), list(b"abc"), 3) == []  # no place to continue from
+
+
+def test_the_copy_token_is_the_readings_token_at_the_texts_place():
+    reading = ReadingIndex(list(b"the cat") + [1])  # 1: the eos
+    # agreeing text: the next character; after the reading's last, its eos
+    assert reading.copy_tokens(list(b"the cat")) == list(b"the cat") + [1]
+    # "cats": after the inserted "s" no place has "ts", "s"; the copy goes on after " "
+    assert reading.copy_token(list(b"the cats")) == NO_COPY
+    assert reading.copy_token(list(b"the cats ")) == ord("c")  # " " occurs once, before "cat"
+    # a pass's inputs: input i predicts token first + i, masks past the text get none
+    assert reading.copy_row(list(b"the"), 2, 4) == [ord("e"), ord(" "), NO_COPY, NO_COPY]
 
 
 def test_the_reading_ends_with_the_eos_where_the_model_has_one():

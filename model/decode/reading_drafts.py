@@ -90,12 +90,12 @@ class ReadingIndex:
         positions that predict token j."""
         return [self._copy(tokens, j) for j in range(first, len(tokens) + 1)]
 
+    def copy_row(self, text: list[int], first: int, width: int) -> list[int]:
+        """Copy tokens of a pass's `width` inputs of which input i predicts token `first + i`
+        of `text` (the inputs are `text[first - 1:]`); NO_COPY past `text` (masks)."""
+        known = self.copy_tokens(text[:first + width - 1], first)[:width]
+        return known + [NO_COPY] * (width - len(known))
+
     def _copy(self, tokens: list[int], k: int) -> int:
         place = self._place(tokens, k)
         return self.tokens[place] if place is not None and place < len(self.tokens) else NO_COPY
-
-
-def reading_drafts(committed: list[int], reading: list[int] | ReadingIndex, count: int) -> list[int]:
-    """Up to `count` drafts for the tokens after `committed`, from `reading` (ReadingIndex.place)."""
-    index = reading if isinstance(reading, ReadingIndex) else ReadingIndex(reading)
-    return index.drafts(committed, count)

@@ -136,13 +136,9 @@ def _step(model, token_ids: list[int], first_position: int, mask: torch.Tensor, 
 
 
 def _copies(reading: ReadingIndex | None, tokens: list[int], first: int, count: int) -> list[int] | None:
-    """Copy tokens of `count` inputs whose first is `tokens[first - 1]`: input i predicts
-    token first + i, so it gets the copy token of `tokens[:first + i]` (NO_COPY past
-    `tokens`: a mask). None for a model that does not copy."""
-    if reading is None:
-        return None
-    known = reading.copy_tokens(tokens[:first + count - 1], first)[:count]
-    return known + [NO_COPY] * (count - len(known))
+    """Copy tokens of `count` inputs whose first is `tokens[first - 1]` (ReadingIndex.copy_row);
+    None for a model that does not copy."""
+    return None if reading is None else reading.copy_row(tokens, first, count)
 
 
 def check_length(prompt: EncodedPrompt, max_new_tokens: int, model) -> None:

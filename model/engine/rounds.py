@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gravityocr.model.decode.reading_drafts import DRAFTED_TASKS, NO_COPY, ReadingIndex
+from gravityocr.model.decode.reading_drafts import DRAFTED_TASKS, ReadingIndex
 from gravityocr.model.decode.structured_drafts import kept_to_structure
 from gravityocr.model.engine.layouts import ar_layout, draft_layout, prefill_layout, running_rows, verify_layout
 from gravityocr.model.engine.runner import ModelRunner
@@ -130,12 +130,8 @@ def ar(runner: ModelRunner, sequences: list[Sequence]) -> list[Outcome]:
 def _copy_ids(readings: list[ReadingIndex], texts: list[list[int]], firsts: list[int], width: int,
               device) -> torch.Tensor:
     """(n, width) copy tokens of rows whose input i predicts token `firsts[r] + i` of
-    `texts[r]` (the reference's `_copies`): the copy token of the text before it, NO_COPY
-    past the row's text (masks)."""
-    rows = []
-    for reading, text, first in zip(readings, texts, firsts):
-        known = reading.copy_tokens(text[:first + width - 1], first)[:width]
-        rows.append(known + [NO_COPY] * (width - len(known)))
+    `texts[r]` (ReadingIndex.copy_row, as the reference decoders take them)."""
+    rows = [reading.copy_row(text, first, width) for reading, text, first in zip(readings, texts, firsts)]
     return torch.tensor(rows, dtype=torch.long, device=device)
 
 
