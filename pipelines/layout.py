@@ -84,11 +84,10 @@ def decorations(mask: np.ndarray, line_height: float) -> np.ndarray:
     """The ink that frames or underlines text without being part of a table: boxes drawn
     around text (a hollow rectangle: a code listing's frame) and horizontal rules that stand
     alone across much of the page (under a running header, over a footer, between sections).
-    Left in, a frame
-    joins the listings and paragraphs around it into one block with ruling lines, typed a
-    table, and a rule widens a header's box to the page's width. A grid table's rules are
-    one component with inner lines, not a hollow rectangle, and booktabs' rules come in
-    stacks (TABLE_RULES): both stay."""
+    Left in, a frame joins the listings and paragraphs around it into one block with ruling
+    lines, typed a table, and a rule widens a header's box to the page's width. A grid
+    table's rules are one component with inner lines, not a hollow rectangle, and booktabs'
+    rules come in stacks (TABLE_RULES): both stay."""
     import cv2
 
     count, labels, stats, _ = cv2.connectedComponentsWithStats(mask.astype(np.uint8), connectivity=8)
@@ -694,7 +693,8 @@ def make_line_splitter(name: str) -> LineSplitter:
 
 
 def layout_page(image: Image.Image, backend: LayoutBackend, lines: LineSplitter) -> list[Region]:
-    """Typed regions of a page in reading order, text regions with their lines."""
+    """Typed regions of a page in reading order, text regions with their lines; frames and
+    lone rules (`decorations`) are left out of the ink the layout and lines are found in."""
     mask = ink_mask(image)
     mask &= ~decorations(mask, PageStats.of(mask).line_height)
     regions = reading_order(backend.detect(image, mask))
