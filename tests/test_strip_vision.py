@@ -86,7 +86,9 @@ def strip_recognizer(tokenizer):
 @pytest.fixture(scope="module")
 def copying_recognizer(tokenizer):
     """A strip model with the copy path (config `reading_copy`), its projection trained
-    (random), so every position's copy token changes what it computes."""
+    (random). Its classifier "reads" what the model itself tends to write, then TEXT (the
+    random tower's own reading is one character long): so the text's place is found in the
+    reading at most positions, the copy tokens vary, and they change what the model writes."""
     torch.manual_seed(1)
     config = build_config(tokenizer, SEPARATED_INIT)
     config.vision_tower = STRIP_TOWER
@@ -94,16 +96,17 @@ def copying_recognizer(tokenizer):
     config.reading_prefix = asdict(prefix)
     config.reading_copy = True
     model = GravityOcrForConditionalGeneration(config).to(torch.float64).eval()
+    processor = OcrProcessor(tokenizer, StripImageProcessor(), reading_placeholder_id=prefix.placeholder_id)
+    eos = set(processor.eos_token_ids)
+    read = tokenizer.encode(TEXT, add_special_tokens=False)
+    model.strip_vision.reading = lambda logits, rows, columns, _: read[:reading_slots(rows, columns)]
     with torch.no_grad():
         model.strip_vision.reading_marker.normal_(std=0.5)
+        for n in (8, 41):  # the copy projection still zero: what the model writes without it
+            written = greedy_decode(model, processor.encode(render([TEXT[:n]], 20, 3), "text"), 24, eos).token_ids
+            read[:0] = [token for token in written if token not in eos]
         model.reading_copy.weight.normal_(std=0.5)
-        # a reading of real characters: the classifier favours a few of them over blank
-        model.strip_vision.reading_head.bias[processor_ids(tokenizer, "e a1")] += 6.0
-    return Recognizer(model, OcrProcessor(tokenizer, StripImageProcessor(), reading_placeholder_id=prefix.placeholder_id))
-
-
-def processor_ids(tokenizer, characters: str) -> list[int]:
-    return tokenizer.convert_tokens_to_ids(list(characters))
+    return Recognizer(model, processor)
 
 
 def test_the_model_saves_and_loads_with_its_tower_and_processor(strip_recognizer, tmp_path):
@@ -236,7 +239,7 @@ def test_every_decoding_path_is_exact_with_the_strip_tower(recognizer_name, requ
 def test_the_copy_path_feeds_training_what_decoding_feeds(copying_recognizer):
     """Teacher-forced on its own greedy output, the joint batch's clean stream gives the same
     logits as greedy decoding step by step: the copy tokens of training are decoding's. And
-    they matter: the same model without them reads otherwise."""
+    they matter: the same model without them reads otherwise (and so does greedy decoding)."""
     from transformers.cache_utils import DynamicCache
 
     from gravityocr.model.decode.reading_drafts import NO_COPY, ReadingIndex, reading_with_eos
@@ -258,7 +261,7 @@ def test_the_copy_path_feeds_training_what_decoding_feeds(copying_recognizer):
     P = prompt.length
     copies = batch.copy_ids[0, P - 1:P - 1 + len(greedy)].tolist()
     assert copies == ReadingIndex(reading).copy_tokens(greedy[:-1])
-    assert any(c != NO_COPY for c in copies)
+    assert sum(c != NO_COPY for c in copies) >= len(copies) // 3  # the place is found along the text
     assert logits[P - 1:P - 1 + len(greedy)].argmax(-1).tolist() == greedy
     torch.testing.assert_close(logits[P - 1], start.logits)
     with torch.no_grad():
@@ -270,6 +273,7 @@ def test_the_copy_path_feeds_training_what_decoding_feeds(copying_recognizer):
         finally:
             model.reading_copy.weight.copy_(weight)
     assert not torch.allclose(without[P - 1:P - 1 + len(greedy)], logits[P - 1:P - 1 + len(greedy)])
+    assert without[P - 1:P - 1 + len(greedy)].argmax(-1).tolist() != greedy
 
 
 def test_the_output_budget_holds_every_real_item_and_bounds_a_short_line(strip_recognizer):
@@ -295,3 +299,18 @@ def test_the_output_budget_holds_every_real_item_and_bounds_a_short_line(strip_r
     padded = int(prompt.image_grid_thw[0, 2]) // 2
     assert prompt.content_columns < padded
     assert processor.output_budget(prompt) <= 8 * prompt.content_columns + 16 < 8 * padded + 16
+
+
+def test_grpo_rollouts_of_a_copying_model_feed_each_member_its_copy_tokens(copying_recognizer):
+    """Sampled nearly greedily, every member of a group writes the greedy text: each step gave
+    it the copy token of its own text, as greedy decoding does."""
+    from gravityocr.model.training.rollouts import sample_group
+
+    model, processor = copying_recognizer.model, copying_recognizer.processor
+    eos = set(processor.eos_token_ids)
+    prompt = processor.encode(render([TEXT[:20]], 20, 3), "text")
+    with torch.no_grad():
+        greedy = greedy_decode(model, prompt, 16, eos).token_ids
+    group = sample_group(model, prompt, 2, 16, eos, temperature=1e-4, generator=torch.Generator().manual_seed(0))
+    assert group == [greedy, greedy]
+

@@ -58,7 +58,8 @@ def speculative(runner: ModelRunner, sequences: list[Sequence], block_size: int,
     finish at y are verified anyway (the result is ignored), so that no transfer is needed
     between the passes. `structured`: the drafted rows' drafts are kept to their formula's
     structure between the passes. A model that copies its reading needs the drafted rows'
-    y and drafts on the host for their copy tokens: one more transfer, between the passes."""
+    y and drafts on the host for their copy tokens: one more transfer between the passes,
+    in a round where some row drafted here."""
     device = runner.device
     copies = runner.model.copies_reading
     came_with = [_verifiable(s, block_size, adaptive, from_reading) for s in sequences]  # None: drafted here
@@ -92,9 +93,10 @@ def speculative(runner: ModelRunner, sequences: list[Sequence], block_size: int,
     verify_past = [cached + (1 if d is None else 0) for cached, d in zip(past, came_with)]
     layout = verify_layout(y, drafts, x_positions + 1 - has_drafts.long(), verify_past)
     if copies:  # input i of a row predicts the token after its text up to that input
-        inputs = layout.ids.tolist()
-        texts = [s.tokens[:-1] + row if d is not None else s.tokens + row
-                 for s, row, d in zip(sequences, inputs, came_with)]
+        # a row that came with drafts has them on the host; only rows drafted here need theirs
+        drafted = layout.ids.tolist() if any(d is None for d in came_with) else None
+        texts = [s.tokens + d if d is not None else s.tokens + drafted[i]
+                 for i, (s, d) in enumerate(zip(sequences, came_with))]
         firsts = [len(s.tokens) + (d is None) for s, d in zip(sequences, came_with)]
         layout.copy_ids = _copy_ids([s.reading for s in sequences], texts, firsts, width, device)
     predictions = runner.run(layout).argmax(-1)

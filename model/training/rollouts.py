@@ -35,6 +35,7 @@ def sample_group(model: GravityOcrForConditionalGeneration, prompt: EncodedPromp
     logits = start.logits.expand(group_size, -1)
     eos = torch.tensor(sorted(eos_ids), dtype=torch.long)
     columns: list[torch.Tensor] = []
+    texts: list[list[int]] = [[] for _ in range(group_size)]  # what each member drew, for its copy tokens
     finished = torch.zeros(group_size, dtype=torch.bool)
     for step in range(max_new_tokens):
         probabilities = torch.softmax(logits.float().cpu() / temperature, dim=-1)
@@ -47,8 +48,9 @@ def sample_group(model: GravityOcrForConditionalGeneration, prompt: EncodedPromp
         mask = causal_attention_mask(cache.get_seq_length(), 1, device)[None, None]
         copy_ids = None
         if start.reading is not None:  # each member's copy token of its own text
-            drawn = torch.stack(columns, dim=1).tolist()
-            copy_ids = torch.tensor([[start.reading.copy_token(row)] for row in drawn], device=device)
+            for text, token in zip(texts, tokens.tolist()):
+                text.append(token)
+            copy_ids = torch.tensor([[start.reading.copy_token(text)] for text in texts], device=device)
         embeds = model.embed(tokens[:, None].to(device), None, copy_ids)
         logits = model.logits_from_embeds(embeds, positions, mask, cache)[:, -1]
     responses = []
