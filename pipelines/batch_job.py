@@ -48,6 +48,7 @@ from gravityocr.pipelines.assembly import PageResult, document_markdown, figure_
 from gravityocr.pipelines.layout import LAYOUT_BACKENDS, LINE_SPLITTERS
 from gravityocr.pipelines.page_ocr import Crop, PageOcrConfig, PagePlan, PagePlanner
 from gravityocr.pipelines.storage import StorageLocation, exists, list_objects, read_bytes, resolve, write_atomic
+from gravityocr.pipelines.tables import TableGrid
 
 log = logging.getLogger(__name__)
 
@@ -189,8 +190,10 @@ def plan_pages(batch: pa.Table, layout: str, lines: str, dpi: float) -> pa.Table
             plan = planner.plan(Page(row["document_id"], row["page_number"], image, row["width"], row["height"],
                                      row["dpi"] or None))
             record["plan_json"] = json.dumps({"page": plan.result.to_dict(),
-                                              "crops": [{"region": c.region, "line": c.line, "task": c.task}
-                                                        for c in plan.crops]})
+                                              "crops": [{"region": c.region, "line": c.line, "task": c.task,
+                                                         "cell": c.cell} for c in plan.crops],
+                                              "tables": {str(index): grid.to_dict()
+                                                         for index, grid in plan.tables.items()}})
             record["crops"] = [_png(crop.image) for crop in plan.crops]
             record["figures"] = [{"name": name, "png": figure_png(figure)} for name, figure in figure_crops([plan.result])]
         out.append(record)
@@ -210,9 +213,10 @@ def plan_from_row(row: dict) -> PagePlan:
 
     record = json.loads(row["plan_json"])
     crops = [Crop(c["region"], tuple(c["line"]) if c["line"] is not None else None,
-                  Image.open(io.BytesIO(png)).convert("RGB"), c["task"])
+                  Image.open(io.BytesIO(png)).convert("RGB"), c["task"], c["cell"])
              for c, png in zip(record["crops"], row["crops"])]
-    return PagePlan(PageResult.from_dict(record["page"]), crops)
+    tables = {int(index): TableGrid.from_dict(grid) for index, grid in record["tables"].items()}
+    return PagePlan(PageResult.from_dict(record["page"]), crops, tables)
 
 
 # --- stage 3: read crops (engine actors) --------------------------------------------------

@@ -1,9 +1,10 @@
 """`gravityocr eval DIR`: score a recogniser on an evaluation set, crops and whole pages.
 
-Crops (text lines, tables, formulas) go straight to the recogniser (model/evaluation/report.py).
-Pages go through the page pipeline a user runs (`gravityocr ocr`: layout, line crops,
-recogniser, assembly) and are scored on the page text, so a page figure is the product's
-figure. Both decode with the decoding flags every command takes (by default the product's
+Text lines and formulas go straight to the recogniser (model/evaluation/report.py). Pages
+go through the page pipeline a user runs (`gravityocr ocr`: layout, line crops, recogniser,
+assembly) and are scored on the page text, so a page figure is the product's figure; a
+table's image goes through the same pipeline as one table region (its grid, its cells'
+lines, its HTML: pipelines/tables.py), as a table on a page is read. Both decode with the decoding flags every command takes (by default the product's
 settings, the device's speculative batch cap included; `--speculative-max-batch 0`
 speculates at every batch size), and the JSON's `decode` says which settings were
 measured. With `--check-exact` both are decoded again in plain AR mode and `exact` says
@@ -26,14 +27,20 @@ from gravityocr.model.evaluation.manifest import ManifestItem, read_manifest
 from gravityocr.model.evaluation.scores import score
 
 from gravityocr.pipelines.documents import Page
-from gravityocr.pipelines.layout import LAYOUT_BACKENDS, LINE_SPLITTERS
+from gravityocr.pipelines.layout import LAYOUT_BACKENDS, LINE_SPLITTERS, Region
 from gravityocr.pipelines.page_ocr import PageOcr, PageOcrConfig
 from gravityocr.pipelines.recognizer import CropRecognizer, RecognizerConfig
 
 
+# Item types read through the page pipeline rather than as one crop.
+PIPELINE_TYPES = ("page", "table")
+
+
 def read_pages(recognizer: Recognizer, items: list[ManifestItem], config: RecognizerConfig,
-               page_config: PageOcrConfig) -> dict[str, tuple[str, int, int]]:
-    """Page text, committed tokens and forward passes by item id (errors: empty text)."""
+               page_config: PageOcrConfig, as_region: str | None = None) -> dict[str, tuple[str, int, int]]:
+    """Page text (a table's HTML), committed tokens and forward passes by item id (errors:
+    empty text). `as_region`: each item's image is one region of this type (a table's
+    image), not laid out."""
     read: dict[str, tuple[str, int, int]] = {}
     with CropRecognizer(recognizer, config) as crops:
         pipeline = PageOcr(crops, page_config)
@@ -42,7 +49,8 @@ def read_pages(recognizer: Recognizer, items: list[ManifestItem], config: Recogn
             for item in batch:
                 image = item.load_image()
                 pages.append(Page(item.id, 1, image, image.width, image.height))
-            for item, result in zip(batch, pipeline.read_pages(pages)):
+            regions = [[Region((0, 0, page.width, page.height), as_region, 0)] for page in pages] if as_region else None
+            for item, result in zip(batch, pipeline.read_pages(pages, regions=regions)):
                 tokens = sum(r.stats["committed_tokens"] for r in result.regions if r.stats)
                 passes = sum(r.stats["forward_passes"] for r in result.regions if r.stats)
                 read[item.id] = (result.text(include_furniture=True), tokens, passes)
@@ -55,20 +63,23 @@ def evaluate_set(recognizer: Recognizer, items: list[ManifestItem], batch_size: 
     """One report over crops and pages (model.evaluation.EvalReport), both decoded with
     `decode` (None: the product's defaults)."""
     decode = decode or DecodeSettings()
-    crops = [item for item in items if item.type != "page"]
-    pages = [item for item in items if item.type == "page"]
+    crops = [item for item in items if item.type not in PIPELINE_TYPES]
     report = evaluate(recognizer, crops, batch_size, decode, check_exact, structured_drafts)
     outcomes, exact = list(report.items), report.exact
-    if pages:
-        page_config = page_config or PageOcrConfig()
-        config = RecognizerConfig(decode=decode, max_batch_size=batch_size)
-        read = read_pages(recognizer, pages, config, page_config)
-        for item in pages:
+    page_config = page_config or PageOcrConfig()
+    config = RecognizerConfig(decode=decode, max_batch_size=batch_size)
+    ar_config = dataclasses.replace(config, decode=dataclasses.replace(decode, mode="ar"))
+    for kind in PIPELINE_TYPES:
+        mine = [item for item in items if item.type == kind]
+        if not mine:
+            continue
+        as_region = None if kind == "page" else kind
+        read = read_pages(recognizer, mine, config, page_config, as_region)
+        for item in mine:
             text, tokens, passes = read[item.id]
-            outcomes.append(ItemOutcome(item.id, "page", score("page", text, item.text), text, tokens, passes))
+            outcomes.append(ItemOutcome(item.id, kind, score(kind, text, item.text), text, tokens, passes))
         if check_exact:
-            ar = read_pages(recognizer, pages, dataclasses.replace(config, decode=dataclasses.replace(decode, mode="ar")),
-                            page_config)
+            ar = read_pages(recognizer, mine, ar_config, page_config, as_region)
             exact = (exact if exact is not None else True) and all(ar[i][0] == read[i][0] for i in read)
     order = {item.id: n for n, item in enumerate(items)}
     return summarize(sorted(outcomes, key=lambda o: order[o.id]), exact, decode_report(recognizer, decode))

@@ -80,6 +80,45 @@ TABLE_RULES = 3
 TABLE_RULE_REACH = 12
 
 
+def _horizontal_rules(mask: np.ndarray, line_height: float, min_width: float) -> list[Box]:
+    """Boxes of the components that are horizontal rules (long, thin, solid) at least
+    `min_width` wide."""
+    import cv2
+
+    count, _, stats, _ = cv2.connectedComponentsWithStats(mask.astype(np.uint8), connectivity=8)
+    thin = max(3.0, 0.3 * line_height)
+    rules = []
+    for x, y, width, height, area in stats[1:].tolist():
+        if width >= max(min_width, 4 * line_height) and height <= thin and area >= 0.8 * width * height:
+            rules.append((x, y, x + width, y + height))
+    return rules
+
+
+def _stacked(rule: Box, other: Box, line_height: float) -> bool:
+    """Two rules of one table: about the same extent, within TABLE_RULE_REACH lines."""
+    width, other_width = rule[2] - rule[0], other[2] - other[0]
+    return (abs(other[1] - rule[1]) <= TABLE_RULE_REACH * line_height
+            and _overlap((rule[0], rule[2]), (other[0], other[2])) >= 0.8 * max(width, other_width))
+
+
+def rule_stacks(mask: np.ndarray, line_height: float) -> list[Box]:
+    """The boxes of booktabs-style tables: from the first to the last of TABLE_RULES or more
+    horizontal rules of about the same extent, each within TABLE_RULE_REACH lines of the
+    next. Whitespace cuts would part such a table at its rules and between its rows (its
+    rules then read as lines of dots); found first, it stays one block."""
+    rules = sorted(_horizontal_rules(mask, line_height, 0), key=lambda box: box[1])
+    stacks: list[list[Box]] = []  # each rule joins the first stack whose last rule it continues
+    for rule in rules:
+        for stack in stacks:
+            if _stacked(stack[-1], rule, line_height):
+                stack.append(rule)
+                break
+        else:
+            stacks.append([rule])
+    return [(min(r[0] for r in stack), stack[0][1], max(r[2] for r in stack), stack[-1][3])
+            for stack in stacks if len(stack) >= TABLE_RULES]
+
+
 def decorations(mask: np.ndarray, line_height: float) -> np.ndarray:
     """The ink that frames or underlines text without being part of a table: boxes drawn
     around text (a hollow rectangle: a code listing's frame) and horizontal rules that stand
@@ -199,10 +238,16 @@ class ProjectionLayout:
     column_gap: float = 1.5  # a horizontal gap of this many line heights splits blocks
     margin_fraction: float = 0.06  # header/footer band at the top/bottom of the page
 
-    def blocks(self, mask: np.ndarray, stats: PageStats) -> list[Box]:
+    def blocks(self, mask: np.ndarray, stats: PageStats, keep: list[Box] = ()) -> list[Box]:
+        """Blocks by recursive XY cuts, the boxes in `keep` (tables found by their rules)
+        blocks of their own, taken out of the page before it is cut."""
         min_gap_y = max(4, int(round(stats.line_gap + self.paragraph_gap * stats.line_height)))
         min_gap_x = max(8, int(round(self.column_gap * stats.line_height)))
-        out: list[Box] = []
+        out: list[Box] = list(keep)
+        if keep:
+            mask = mask.copy()
+            for x0, y0, x1, y1 in keep:
+                mask[y0:y1, x0:x1] = False
         stack = [(0, 0, mask.shape[1], mask.shape[0])]
         while stack:
             box = _trim(mask, stack.pop())
@@ -248,7 +293,10 @@ class ProjectionLayout:
     def detect(self, image: Image.Image, mask: np.ndarray) -> list[Region]:
         stats = PageStats.of(mask)
         types: dict[Box, str] = {}
-        for box in self.blocks(mask, stats):
+        # a booktabs-style table's rules and rows would be cut apart, and its rows peeled off
+        ruled = rule_stacks(mask, stats.line_height)
+        types.update((box, "table") for box in ruled)
+        for box in self.blocks(mask, stats, ruled)[len(ruled):]:
             kind = self._shape_type(mask, box, stats)
             if kind in ("figure", "table"):
                 box, peeled = _peel_text_bands(mask, box, stats)

@@ -18,19 +18,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 from PIL import Image
 
 from gravityocr.pipelines.assembly import LineResult, PageResult, RegionResult, document_json, document_markdown, join_lines, sum_stats
 from gravityocr.pipelines.documents import DocumentError, DocumentLimits, Page, open_document, read_file
-from gravityocr.pipelines.layout import TEXT_TYPES, Box, LayoutBackend, LineSplitter, NoLines, layout_page, make_layout, \
-    make_line_splitter
+from gravityocr.pipelines.layout import TEXT_TYPES, Box, LayoutBackend, LineSplitter, NoLines, Region, ink_mask, \
+    layout_page, make_layout, make_line_splitter
+from gravityocr.pipelines.tables import TableGrid, table_grid, table_html
 
 if TYPE_CHECKING:  # torch loads with the recogniser, not with the settings (the CLIs' defaults are read here)
     from gravityocr.pipelines.recognizer import CropRecognizer, CropResult, Submit
 
 log = logging.getLogger(__name__)
 
-# The task prompt each region type is read with; figures are not read.
+# What each region type is read as; figures are not read. Text regions are read line by line
+# with the text prompt; a table's cells too, line by line (its HTML is assembled from its grid,
+# pipelines/tables.py), unless the line splitter is "none": then it is read whole with the
+# table prompt, as a formula is with the formula prompt.
 TASK_BY_TYPE = {**{kind: "text" for kind in TEXT_TYPES}, "table": "table", "formula": "formula"}
 
 DocumentSource = str | Path | tuple[str, bytes]
@@ -82,12 +87,14 @@ class _Pending:
 
 @dataclass
 class Crop:
-    """One crop of a laid-out page to read: a whole region, or one line of a text region."""
+    """One crop of a laid-out page to read: a whole region, or one line of a text region or
+    of a table's cell."""
 
     region: int  # index in the page's regions
     line: Box | None  # the line's box, None for a whole-region crop
     image: Image.Image
     task: str
+    cell: int | None = None  # a table cell's line: the cell's index in its region's grid
 
 
 @dataclass
@@ -99,6 +106,7 @@ class PagePlan:
 
     result: PageResult
     crops: list[Crop]
+    tables: dict[int, TableGrid] = field(default_factory=dict)  # by region index: the grids read by cell
 
 
 class PagePlanner:
@@ -112,14 +120,18 @@ class PagePlanner:
         self.layout = layout or make_layout(self.config.layout)
         self.lines = lines or make_line_splitter(self.config.lines)
 
-    def plan(self, page: Page) -> PagePlan:
-        """The page laid out and cut into crops; a layout failure is the page's error."""
+    def plan(self, page: Page, regions: list[Region] | None = None) -> PagePlan:
+        """The page laid out and cut into crops; a layout failure is the page's error.
+        `regions`: the page's regions when the caller knows them (an image of one table):
+        layout is skipped."""
         start = time.perf_counter()
         error = None
         try:
-            regions = layout_page(page.image, self.layout, self.lines)
+            if regions is None:
+                regions = layout_page(page.image, self.layout, self.lines)
+            tables = self._table_grids(page.image, regions)
         except Exception as failure:  # noqa: BLE001 - the page is reported, the others go on
-            regions, error = [], f"layout failed: {type(failure).__name__}: {failure}"
+            regions, tables, error = [], {}, f"layout failed: {type(failure).__name__}: {failure}"
         result = PageResult(page.document_id, page.page_number, page.width, page.height, page.dpi,
                             self.layout.name, seconds={"layout": time.perf_counter() - start}, error=error)
         reads_lines = not isinstance(self.lines, NoLines)
@@ -130,26 +142,60 @@ class PagePlanner:
             if region.type == "figure":
                 result.regions[-1].image = page.image.crop(region.bbox)
             elif region.type in TEXT_TYPES and reads_lines:
-                crops += [Crop(index, line, self._crop(page.image, line), task) for line in region.lines]
+                crops += [Crop(index, line, self._crop(page.image, line), "text") for line in region.lines]
+            elif index in tables:
+                grid, clean = tables[index]
+                crops += [Crop(index, line, self._crop(clean, line, region.bbox), "text", cell)
+                          for cell, table_cell in enumerate(grid.cells) for line in table_cell.lines]
             elif task is not None:
                 crops.append(Crop(index, None, self._crop(page.image, region.bbox), task))
-        return PagePlan(result, crops)
+        return PagePlan(result, crops, {index: grid for index, (grid, _) in tables.items()})
+
+    def _table_grids(self, image: Image.Image, regions: list[Region]) -> dict[int, tuple[TableGrid, Image.Image]]:
+        """The grid of every table region (unless lines are not split), with the page's image
+        where the table's rules are painted over with paper, for cutting its cells' lines."""
+        if isinstance(self.lines, NoLines) or not any(region.type == "table" for region in regions):
+            return {}
+        mask = ink_mask(image)
+        pixels = np.asarray(image.convert("RGB")).copy()
+        paper = np.median(pixels[~mask], axis=0) if (~mask).any() else 255
+        tables = {}
+        for index, region in enumerate(regions):
+            if region.type == "table":
+                grid, rules = table_grid(mask, region.bbox)
+                x0, y0, x1, y1 = region.bbox
+                pixels[y0:y1, x0:x1][rules] = paper
+                tables[index] = grid
+        clean = Image.fromarray(pixels)
+        return {index: (grid, clean) for index, grid in tables.items()}
 
     @staticmethod
     def fill(plan: PagePlan, read: list[CropResult], recognition_seconds: float) -> PageResult:
         """The page's result: each region's text from its crops' results (`read`, in the
-        order of `plan.crops`), lines joined into paragraphs."""
+        order of `plan.crops`), lines joined into paragraphs, a table's cells' lines into
+        its cells' text and its grid into HTML."""
         result = plan.result
+        by_region: dict[int, list[tuple[Crop, CropResult]]] = {}
+        for crop, cr in zip(plan.crops, read):
+            by_region.setdefault(crop.region, []).append((crop, cr))
         for index, region in enumerate(result.regions):
-            mine = [(crop, cr) for crop, cr in zip(plan.crops, read) if crop.region == index]
+            mine = by_region.get(index, [])
             if region.type == "figure":
                 continue
-            if mine and mine[0][0].line is not None:
+            if index in plan.tables or (mine and mine[0][0].line is not None):
                 region.lines = [LineResult(crop.line, cr.text.strip(), cr.stats_dict(), cr.error) for crop, cr in mine]
                 good = [line for line in region.lines if line.error is None]
-                region.text = join_lines([line.text for line in good])
+                if index in plan.tables:
+                    grid = plan.tables[index]
+                    cells: list[list[str]] = [[] for _ in grid.cells]
+                    for (crop, _), line in zip(mine, region.lines):
+                        if line.error is None:
+                            cells[crop.cell].append(line.text)
+                    region.text = table_html(grid, [join_lines(texts) for texts in cells])
+                else:
+                    region.text = join_lines([line.text for line in good])
                 region.stats = sum_stats([line.stats for line in good])
-                if not good:
+                if mine and not good:
                     region.error = f"no line could be read: {region.lines[0].error}"
             elif mine:
                 cr = mine[0][1]
@@ -162,10 +208,12 @@ class PagePlanner:
         result.seconds["total"] = result.seconds["layout"] + recognition_seconds
         return result
 
-    def _crop(self, image: Image.Image, box: Box) -> Image.Image:
+    def _crop(self, image: Image.Image, box: Box, within: Box | None = None) -> Image.Image:
+        """`box` with the configured margin, kept inside `within` (default: the image)."""
         pad = self.config.padding
         x0, y0, x1, y1 = box
-        return image.crop((max(0, x0 - pad), max(0, y0 - pad), min(image.width, x1 + pad), min(image.height, y1 + pad)))
+        left, top, right, bottom = within or (0, 0, image.width, image.height)
+        return image.crop((max(left, x0 - pad), max(top, y0 - pad), min(right, x1 + pad), min(bottom, y1 + pad)))
 
 
 class PageOcr:
@@ -231,10 +279,12 @@ class PageOcr:
 
     # --- pages -------------------------------------------------------------------------
 
-    def read_pages(self, pages: list[Page], submit: Submit | None = None) -> list[PageResult]:
+    def read_pages(self, pages: list[Page], submit: Submit | None = None,
+                   regions: list[list[Region]] | None = None) -> list[PageResult]:
         """Layout of every page, then all their crops to the recogniser at once. `submit`:
-        where the crops' engine requests go (default: the recogniser's own loop)."""
-        plans = [self.planner.plan(page) for page in pages]
+        where the crops' engine requests go (default: the recogniser's own loop);
+        `regions`: each page's regions, when the caller knows them (`PagePlanner.plan`)."""
+        plans = [self.planner.plan(page, regions[n] if regions else None) for n, page in enumerate(pages)]
         crops = [crop for plan in plans for crop in plan.crops]
         start = time.perf_counter()
         try:

@@ -12,18 +12,38 @@ from gravityocr.model.decode.settings import DecodeSettings
 from gravityocr.model.engine.config import speculative_max_batch_for
 from gravityocr.model.network.loading import Recognizer, save_recognizer
 from gravityocr.model.evaluation.manifest import ManifestItem, write_manifest
+from gravityocr.model.evaluation.scores import teds
 
 from conftest import OVERFIT_TEXTS, random_image
 
 
+def _table_item(data, seed: int = 32) -> ManifestItem:
+    """The table of a synthetic page, cut out, with its true HTML."""
+    from gravityocr.bench.synthetic_pages import table_formula_page
+    from gravityocr.pipelines.layout import layout_page, make_layout, make_line_splitter
+
+    page = table_formula_page(seed=seed)
+    image = page.image.convert("RGB")
+    (table,) = [r for r in layout_page(image, make_layout("projection"), make_line_splitter("projection"))
+                if r.type == "table"]
+    x0, y0, x1, y1 = table.bbox
+    image.crop((x0 - 6, y0 - 6, x1 + 6, y1 + 6)).save(data / "images" / "table.png")
+    (html,) = [t for t in page.text(include_furniture=True).split("\n") if t.startswith("<table>")]
+    return ManifestItem("table", data / "images" / "table.png", "table", html)
+
+
 def test_eval_json_on_a_trained_tiny_model(tmp_path, trained_tiny_model, processor, capsys):
+    """Lines and formulas are read as crops (memorised here); a table's image goes through
+    the page pipeline's table reading (its grid, its cells' lines)."""
     model_dir = tmp_path / "model"
     save_recognizer(Recognizer(trained_tiny_model.to(torch.float32), processor), model_dir)
     trained_tiny_model.to(torch.float64)
     data = tmp_path / "data"
     (data / "images").mkdir(parents=True)
-    items = []
+    items = [_table_item(data)]
     for i, (text, kind) in enumerate(zip(OVERFIT_TEXTS, ["text", "table", "formula"])):
+        if kind == "table":
+            continue
         random_image(100 + i, 84 + 28 * i, 56).save(data / "images" / f"{i}.png")
         items.append(ManifestItem(f"item-{i}", data / "images" / f"{i}.png", kind, text))
     (data / "images" / "broken.png").write_bytes(b"this is not a png")
@@ -32,12 +52,17 @@ def test_eval_json_on_a_trained_tiny_model(tmp_path, trained_tiny_model, process
     write_manifest(data, items)
 
     # Speculating at every batch size (the product caps it on a CPU), with a block of 16.
+    outcomes = tmp_path / "items.jsonl"
     assert main(["eval", str(data), "--model", str(model_dir), "--json", "--check-exact", "--block-size", "16",
-                 "--speculative-max-batch", "0"]) == 0
+                 "--speculative-max-batch", "0", "--items", str(outcomes)]) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert report["n"] == 5
     assert report["exact"] is True
-    assert report["table"] == 1.0 and report["formula"] == 1.0  # memorised
+    assert report["formula"] == 1.0  # memorised
+    table = next(json.loads(line) for line in outcomes.read_text().splitlines() if json.loads(line)["id"] == "table")
+    assert teds(table["prediction"], items[0].text, structure_only=True) == 1.0  # the grid is the table's
+    assert report["table"] == teds(table["prediction"], items[0].text) < 1.0  # its cells: the tiny model's reading
+    assert table["forward_passes"] >= 12  # a cell a crop at least
     assert report["text"] == 1.0 / 3  # the memorised line, then two unreadable items scored 0
     assert {entry["id"] for entry in report["unreadable"]} == {"broken", "missing"}
     assert report["overall"] == pytest.approx((report["text"] + report["table"] + report["formula"]) / 3)

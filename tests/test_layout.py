@@ -250,3 +250,42 @@ def test_a_framed_listing_and_rules_are_not_a_table_and_a_grammar_reads_across()
     pieces = [[line for line, r in zip(grammar, row_of) if r == row] for row in range(len(truth["grammar_rows"]))]
     assert [len(row) >= 2 for row in pieces] == [True, True, False, True, True]
     assert [row[0][0] < 150 for row in pieces] == [True, True, False, True, True]  # the name first
+
+
+def test_a_booktabs_table_is_one_table_region_between_its_rules():
+    """A table set with booktabs rules (top, mid, bottom) and no padding between its rows:
+    whitespace cuts alone part it at its rules and rows (the rules then read as lines of
+    dots); found by its stacked rules it is one table region, and its grid has a wrapped
+    header row and one row a body line."""
+    from gravityocr.pipelines.tables import table_grid
+
+    face = font(22)
+    image = Image.new("RGB", (1100, 900), "white")
+    draw = ImageDraw.Draw(image)
+    for n, text in enumerate(wrap("the settings of each language are listed in the table below " * 3, face, 900)[:3]):
+        draw.text((100, 80 + 34 * n), text, font=face, fill="black")
+    draw.text((330, 230), "Table 1: Default values", font=face, fill="black")
+    draw.line([(100, 280), (1000, 280)], fill="black", width=3)
+    header = [("language", ""), ("thousand", "sep."), ("decimal", "sign"), ("unit", "sep.")]
+    for column, (first, second) in enumerate(header):
+        draw.text((110 + 220 * column, 292), first, font=face, fill="black")
+        draw.text((110 + 220 * column, 320), second, font=face, fill="black")
+    draw.line([(100, 360), (1000, 360)], fill="black", width=2)
+    body = [("English", ",", ".", "none"), ("German", "\\,", ",", "none"), ("Dutch", "\\,", ",", "none")]
+    for row, cells in enumerate(body):
+        for column, cell in enumerate(cells):
+            draw.text((110 + 220 * column, 372 + 30 * row), cell, font=face, fill="black")
+    draw.line([(100, 470), (1000, 470)], fill="black", width=3)
+    for n, text in enumerate(wrap("after the table the text goes on as before with more words " * 3, face, 900)[:3]):
+        draw.text((100, 540 + 34 * n), text, font=face, fill="black")
+
+    regions = layout_page(image, ProjectionLayout(), ProjectionLines())
+    tables = [r for r in regions if r.type == "table"]
+    assert len(tables) == 1, [(r.type, r.bbox) for r in regions]
+    x0, y0, x1, y1 = tables[0].bbox
+    assert y0 <= 280 and y1 >= 470 and x0 <= 100 and x1 >= 1000
+    assert all(r.bbox[3] <= 280 or r.bbox[1] >= 470 for r in regions if r is not tables[0])
+    grid, _ = table_grid(ink_mask(image), tables[0].bbox)
+    assert (grid.rows, grid.columns) == (4, 4)
+    assert [len(cell.lines) for cell in grid.cells if cell.row == 0] == [1, 2, 2, 2]
+    assert all(len(cell.lines) == 1 for cell in grid.cells if cell.row > 0)

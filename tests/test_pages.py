@@ -44,6 +44,7 @@ from gravityocr.pipelines.assembly import (
 from gravityocr.pipelines.page_ocr import TASK_BY_TYPE, PageOcr, PageOcrConfig
 from gravityocr.pipelines.recognizer import CropRecognizer, RecognizerConfig
 from gravityocr.bench.synthetic_pages import table_formula_page, two_column_page
+from gravityocr.model.evaluation.scores import parse_table, teds
 
 SCHEMAS = Path(__file__).resolve().parents[1] / "schemas"
 MAX_NEW_TOKENS = 3  # the tiny model never says eos: keep every crop short
@@ -128,12 +129,24 @@ def test_each_region_is_read_with_the_task_of_its_type(processed):
             assert region.error is None and region.stats is not None
             assert region.stats["committed_tokens"] >= 1
             assert region.stats["forward_passes"] >= 1
-        if region.type in ("text", "title", "caption", "header", "footer"):
+        if region.type in ("text", "title", "caption", "header", "footer", "table"):
             assert region.lines and all(line.stats["committed_tokens"] <= MAX_NEW_TOKENS for line in region.lines)
             assert region.stats["committed_tokens"] == sum(line.stats["committed_tokens"] for line in region.lines)
             assert region.stats["ar_rounds"] == sum(line.stats["ar_rounds"] for line in region.lines)
         else:
             assert region.lines == []
+
+
+def test_a_table_is_read_cell_by_cell_into_its_grid(processed):
+    """A table region's HTML has the table's true structure (found from its rules and
+    whitespace), and each cell holds what its lines read."""
+    results, truths, *_ = processed
+    page, truth = results["table.png"].pages[0], truths["table.png"][0]
+    (table,) = [r for r in page.regions if r.type == "table"]
+    (true_html,) = [t for t in truth.text(include_furniture=True).split("\n") if t.startswith("<table>")]
+    assert teds(table.text, true_html, structure_only=True) == 1.0
+    cells = [cell.content for row in parse_table(table.text).children for cell in row.children]
+    assert cells == [line.text for line in table.lines]  # one line a cell on this page
 
 
 def test_json_validates_against_the_published_schema(processed):
