@@ -42,7 +42,7 @@ WORD_GAP = 0.35
 ROW_GAP_JUMP = 1.8
 ROW_GAP_WITHIN = 1.2
 GRID_RULES = 2
-# Text covers less than this share of its line's box; more is a solid block.
+# Text covers less than this share of its line's box (and of a table's); more is a solid block.
 SOLID = 0.6
 # A rule is a run of ink at least this many glyph heights long and at most this fraction of
 # a glyph height thick (glyph: the median glyph, before the letter height is known).
@@ -216,6 +216,8 @@ def table_grid(mask: np.ndarray, box: Box) -> tuple[TableGrid, np.ndarray]:
     the box's coordinates (for cropping cells without them)."""
     x0, y0, x1, y1 = box
     sub = mask[y0:y1, x0:x1]
+    if sub.size == 0 or sub.mean() > SOLID:  # a solid block (a badge, a filled box) holds no table
+        return TableGrid(0, 0, []), np.zeros_like(sub)
     heights = _glyph_heights(sub)
     glyph = float(np.median(heights)) if heights.size else 12.0
     speck = max(2, int(0.02 * glyph ** 2))  # noise: specks far smaller than a full stop
