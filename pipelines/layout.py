@@ -80,18 +80,9 @@ TABLE_RULES = 3
 TABLE_RULE_REACH = 12
 
 
-def _horizontal_rules(mask: np.ndarray, line_height: float, min_width: float) -> list[Box]:
-    """Boxes of the components that are horizontal rules (long, thin, solid) at least
-    `min_width` wide."""
-    import cv2
-
-    count, _, stats, _ = cv2.connectedComponentsWithStats(mask.astype(np.uint8), connectivity=8)
-    thin = max(3.0, 0.3 * line_height)
-    rules = []
-    for x, y, width, height, area in stats[1:].tolist():
-        if width >= max(min_width, 4 * line_height) and height <= thin and area >= 0.8 * width * height:
-            rules.append((x, y, x + width, y + height))
-    return rules
+def _is_rule(width: int, height: int, area: int, line_height: float) -> bool:
+    """A component's box and ink make a horizontal rule: long, thin and solid."""
+    return width >= 4 * line_height and height <= max(3.0, 0.3 * line_height) and area >= 0.8 * width * height
 
 
 def _stacked(rule: Box, other: Box, line_height: float) -> bool:
@@ -106,7 +97,11 @@ def rule_stacks(mask: np.ndarray, line_height: float) -> list[Box]:
     horizontal rules of about the same extent, each within TABLE_RULE_REACH lines of the
     next. Whitespace cuts would part such a table at its rules and between its rows (its
     rules then read as lines of dots); found first, it stays one block."""
-    rules = sorted(_horizontal_rules(mask, line_height, 0), key=lambda box: box[1])
+    import cv2
+
+    _, _, stats, _ = cv2.connectedComponentsWithStats(mask.astype(np.uint8), connectivity=8)
+    rules = sorted(((x, y, x + width, y + height) for x, y, width, height, area in stats[1:].tolist()
+                    if _is_rule(width, height, area, line_height)), key=lambda box: box[1])
     stacks: list[list[Box]] = []  # each rule joins the first stack whose last rule it continues
     for rule in rules:
         for stack in stacks:
@@ -134,28 +129,21 @@ def decorations(mask: np.ndarray, line_height: float) -> np.ndarray:
     long = 4 * line_height
     columns = np.flatnonzero(mask.any(axis=0))
     text_width = int(columns[-1] - columns[0] + 1) if columns.size else mask.shape[1]
-    frames, rules = [], []
+    frames, rules = [], {}
     for label in range(1, count):
         x, y, width, height, area = stats[label].tolist()
         if width < long:
             continue
-        if height <= thin and area >= 0.8 * width * height:
+        if _is_rule(width, height, area, line_height):
             if width >= 0.4 * text_width:  # a fraction bar or an underlined word is text's own
-                rules.append(label)
+                rules[label] = (x, y, x + width, y + height)
         elif height >= line_height and area <= 2 * (width + height) * thin:
             edge = int(thin)
             inside = labels[y + edge:y + height - edge, x + edge:x + width - edge]
             if not (inside == label).any():  # hollow: no rule of its own inside (a grid has)
                 frames.append(label)
-    lone = []
-    for label in rules:
-        x, y, width = stats[label, 0], stats[label, 1], stats[label, 2]
-        stacked = sum(1 for other in rules
-                      if abs(stats[other, 1] - y) <= TABLE_RULE_REACH * line_height
-                      and min(x + width, stats[other, 0] + stats[other, 2]) - max(x, stats[other, 0])
-                      >= 0.8 * max(width, stats[other, 2]))
-        if stacked < TABLE_RULES:  # itself included
-            lone.append(label)
+    lone = [label for label, box in rules.items()  # its stack counts itself
+            if sum(_stacked(box, other, line_height) for other in rules.values()) < TABLE_RULES]
     return np.isin(labels, frames + lone) if frames or lone else np.zeros_like(mask)
 
 

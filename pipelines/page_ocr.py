@@ -142,7 +142,7 @@ class PagePlanner:
             if region.type == "figure":
                 result.regions[-1].image = page.image.crop(region.bbox)
             elif region.type in TEXT_TYPES and reads_lines:
-                crops += [Crop(index, line, self._crop(page.image, line), "text") for line in region.lines]
+                crops += [Crop(index, line, self._crop(page.image, line), task) for line in region.lines]
             elif index in tables:
                 grid, clean = tables[index]
                 crops += [Crop(index, line, self._crop(clean, line, region.bbox), "text", cell)
@@ -158,13 +158,13 @@ class PagePlanner:
             return {}
         mask = ink_mask(image)
         pixels = np.asarray(image.convert("RGB")).copy()
-        paper = np.median(pixels[~mask], axis=0) if (~mask).any() else 255
         tables = {}
         for index, region in enumerate(regions):
             if region.type == "table":
                 grid, rules = table_grid(mask, region.bbox)
                 x0, y0, x1, y1 = region.bbox
-                pixels[y0:y1, x0:x1][rules] = paper
+                area, ink = pixels[y0:y1, x0:x1], mask[y0:y1, x0:x1]
+                area[rules] = np.median(area[~ink], axis=0) if (~ink).any() else 255
                 tables[index] = grid
         clean = Image.fromarray(pixels)
         return {index: (grid, clean) for index, grid in tables.items()}

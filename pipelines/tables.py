@@ -126,9 +126,7 @@ def _letter_height(text: np.ndarray) -> float:
 def _rule_positions(rules: np.ndarray, axis: int, reach: float) -> list[int]:
     """Centres of the rules that run across at least `reach` of the table (axis 1: rows of
     horizontal rules; axis 0: columns of vertical rules)."""
-    extent = rules.sum(axis=axis) if axis == 0 else rules.sum(axis=1)
-    size = rules.shape[0] if axis == 0 else rules.shape[1]
-    lines = extent >= reach * size
+    lines = rules.sum(axis=axis) >= reach * rules.shape[axis]
     return [(start + end) // 2 for start, end in _runs(lines, 2)]
 
 
@@ -226,7 +224,7 @@ def table_grid(mask: np.ndarray, box: Box) -> tuple[TableGrid, np.ndarray]:
     rules = _grow(horizontal | vertical)
     text = _without_specks(sub & ~rules, speck)
     letter = _letter_height(text)
-    height, width = text.shape
+    width = text.shape[1]
 
     row_rules = _rule_positions(horizontal, 1, 0.5)
     column_rules = _rule_positions(vertical, 0, 0.5)
