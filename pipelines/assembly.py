@@ -83,12 +83,14 @@ class PageResult:
     regions: list[RegionResult] = field(default_factory=list)  # in reading order
     seconds: dict[str, float] = field(default_factory=dict)  # layout / recognition / total
     error: str | None = None  # the page could not be laid out (its document still succeeds)
+    rotation: float = 0.0  # degrees the page was turned to straighten it before layout (pipelines/deskew.py)
 
     def to_dict(self) -> dict:
         return {
             "document_id": self.document_id, "page_number": self.page_number, "width": self.width,
             "height": self.height, "dpi": None if self.dpi is None else round(float(self.dpi), 3),
-            "layout_backend": self.layout_backend, "regions": [region.to_dict() for region in self.regions],
+            "layout_backend": self.layout_backend, "rotation": self.rotation,
+            "regions": [region.to_dict() for region in self.regions],
             "seconds": {name: round(value, 4) for name, value in self.seconds.items()},
             "error": self.error,
         }
@@ -98,7 +100,7 @@ class PageResult:
         """The inverse of `to_dict`: a page back from its JSON (a batch job's `regions_json`)."""
         return cls(data["document_id"], data["page_number"], data["width"], data["height"], data.get("dpi"),
                    data["layout_backend"], [RegionResult.from_dict(region) for region in data.get("regions") or []],
-                   dict(data.get("seconds") or {}), data.get("error"))
+                   dict(data.get("seconds") or {}), data.get("error"), data.get("rotation", 0.0))
 
     def text(self, include_furniture: bool = False) -> str:
         """Plain text in reading order, figures left out: what a page score compares."""

@@ -728,11 +728,13 @@ def make_line_splitter(name: str) -> LineSplitter:
     raise ValueError(f"unknown line splitter {name!r}; expected one of {LINE_SPLITTERS}")
 
 
-def layout_page(image: Image.Image, backend: LayoutBackend, lines: LineSplitter) -> list[Region]:
+def layout_page(image: Image.Image, backend: LayoutBackend, lines: LineSplitter,
+                ink: np.ndarray | None = None) -> list[Region]:
     """Typed regions of a page in reading order, text regions with their lines; frames and
-    lone rules (`decorations`) are left out of the ink the layout and lines are found in."""
-    mask = ink_mask(image)
-    mask &= ~decorations(mask, PageStats.of(mask).line_height)
+    lone rules (`decorations`) are left out of the ink the layout and lines are found in.
+    `ink`: the page's `ink_mask` when the caller has it."""
+    mask = ink_mask(image) if ink is None else ink
+    mask = mask & ~decorations(mask, PageStats.of(mask).line_height)
     regions = reading_order(backend.detect(image, mask))
     for region in regions:
         if region.type in TEXT_TYPES:

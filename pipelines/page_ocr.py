@@ -22,6 +22,7 @@ import numpy as np
 from PIL import Image
 
 from gravityocr.pipelines.assembly import LineResult, PageResult, RegionResult, document_json, document_markdown, join_lines, sum_stats
+from gravityocr.pipelines.deskew import straighten
 from gravityocr.pipelines.documents import DocumentError, DocumentLimits, Page, open_document, read_file
 from gravityocr.pipelines.layout import TEXT_TYPES, Box, LayoutBackend, LineSplitter, NoLines, Region, ink_mask, \
     layout_page, make_layout, make_line_splitter
@@ -123,40 +124,45 @@ class PagePlanner:
     def plan(self, page: Page, regions: list[Region] | None = None) -> PagePlan:
         """The page laid out and cut into crops; a layout failure is the page's error.
         `regions`: the page's regions when the caller knows them (an image of one table):
-        layout is skipped."""
+        layout (and straightening) is skipped."""
         start = time.perf_counter()
-        error = None
+        error, image, rotation = None, page.image, 0.0
         try:
-            if regions is None:
-                regions = layout_page(page.image, self.layout, self.lines)
-            tables = self._table_grids(page.image, regions)
+            mask = ink_mask(image)
+            if regions is None:  # a page: straightened if it was scanned askew, then laid out
+                image, rotation = straighten(image, mask)
+                mask = ink_mask(image) if rotation else mask
+                regions = layout_page(image, self.layout, self.lines, mask)
+            tables = self._table_grids(image, mask, regions)
         except Exception as failure:  # noqa: BLE001 - the page is reported, the others go on
             regions, tables, error = [], {}, f"layout failed: {type(failure).__name__}: {failure}"
         result = PageResult(page.document_id, page.page_number, page.width, page.height, page.dpi,
-                            self.layout.name, seconds={"layout": time.perf_counter() - start}, error=error)
+                            self.layout.name, seconds={"layout": time.perf_counter() - start}, error=error,
+                            rotation=rotation)
         reads_lines = not isinstance(self.lines, NoLines)
         crops = []
         for index, region in enumerate(regions):
             task = TASK_BY_TYPE.get(region.type)
             result.regions.append(RegionResult(region.order, region.type, region.bbox, region.score, task))
             if region.type == "figure":
-                result.regions[-1].image = page.image.crop(region.bbox)
+                result.regions[-1].image = image.crop(region.bbox)
             elif region.type in TEXT_TYPES and reads_lines:
-                crops += [Crop(index, line, self._crop(page.image, line), task) for line in region.lines]
+                crops += [Crop(index, line, self._crop(image, line), task) for line in region.lines]
             elif index in tables:
                 grid, clean = tables[index]
                 crops += [Crop(index, line, self._crop(clean, line, region.bbox), "text", cell)
                           for cell, table_cell in enumerate(grid.cells) for line in table_cell.lines]
             elif task is not None:
-                crops.append(Crop(index, None, self._crop(page.image, region.bbox), task))
+                crops.append(Crop(index, None, self._crop(image, region.bbox), task))
         return PagePlan(result, crops, {index: grid for index, (grid, _) in tables.items()})
 
-    def _table_grids(self, image: Image.Image, regions: list[Region]) -> dict[int, tuple[TableGrid, Image.Image]]:
+    def _table_grids(self, image: Image.Image, mask: np.ndarray,
+                     regions: list[Region]) -> dict[int, tuple[TableGrid, Image.Image]]:
         """The grid of every table region (unless lines are not split), with the page's image
-        where the table's rules are painted over with paper, for cutting its cells' lines."""
+        where the table's rules are painted over with paper, for cutting its cells' lines
+        (`mask`: the page's ink)."""
         if isinstance(self.lines, NoLines) or not any(region.type == "table" for region in regions):
             return {}
-        mask = ink_mask(image)
         pixels = np.asarray(image.convert("RGB")).copy()
         tables = {}
         for index, region in enumerate(regions):
