@@ -91,18 +91,4 @@ def test_length_weights_favour_long_texts_and_keep_each_types_share():
     assert weights[1] / weights[0] == pytest.approx(40 / SHORTEST_WEIGHT)
     assert weights[2] / weights[1] == pytest.approx(LONGEST_WEIGHT / 40)
     # across types: each type's draws as its item count gives them (3 text items, 2 tables)
-    assert sum(weights[:3]) / sum(weights) == pytest.approx(3 / 5) and sum(weights[3:]) / sum(weights) == pytest.approx(2 / 5)
-    # shares given: each type's draws as the shares say, the same order within a type
-    shared = length_weights(items, {"text": 0.2, "table": 0.8})
-    assert sum(shared[:3]) / sum(shared) == pytest.approx(0.2) and sum(shared[3:]) / sum(shared) == pytest.approx(0.8)
-    assert shared[2] / shared[1] == pytest.approx(weights[2] / weights[1])
-
-
-def test_type_shares_are_checked():
-    from gravityocr.model.training.strips import StripTrainConfig
-
-    with pytest.raises(ValueError, match="type_shares must give every type"):
-        StripTrainConfig(sample_by_length=True, type_shares={"text": 1.0}).validate()
-    with pytest.raises(ValueError, match="needs sample_by_length"):
-        StripTrainConfig(type_shares={"text": 0.5, "table": 0.2, "formula": 0.3}).validate()
-    StripTrainConfig(sample_by_length=True, type_shares={"text": 0.5, "table": 0.2, "formula": 0.3}).validate()
+    assert sum(weights[:3]) == pytest.approx(3) and sum(weights[3:]) == pytest.approx(2)

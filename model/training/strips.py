@@ -21,7 +21,7 @@ import json
 import random
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -52,8 +52,6 @@ class StripTrainConfig:
     # the batch): a corpus build's text items are mostly words and short lines, a page's are long.
     sample_by_length: bool = False
     types: tuple[str, ...] = ("text", "table", "formula")
-    # The share of draws each type gets (with sample_by_length); empty: its share of the items.
-    type_shares: dict[str, float] = field(default_factory=dict)
     max_target_tokens: int = 400  # longer targets are left out of training
     max_visual_tokens: int = 1200  # so are larger images (a whole page of table)
     micro_batch_tokens: int = 6000  # a step runs as length-sorted micro-batches of at most this many
@@ -82,13 +80,6 @@ class StripTrainConfig:
 
     def validate(self) -> None:
         self.types = tuple(self.types)
-        if self.type_shares:
-            if set(self.type_shares) != set(self.types) or min(self.type_shares.values()) < 0 \
-                    or sum(self.type_shares.values()) <= 0:
-                raise ValueError(f"type_shares must give every type of {list(self.types)} a share >= 0 "
-                                 f"(not all 0), got {self.type_shares}")
-            if not self.sample_by_length:
-                raise ValueError("type_shares needs sample_by_length: true")
         if self.projection_steps >= self.steps:
             raise ValueError("projection_steps must be fewer than steps")
         if self.batch_size < 1:
@@ -275,17 +266,15 @@ def to_sample(item: CachedItem, processor: OcrProcessor,
 SHORTEST_WEIGHT, LONGEST_WEIGHT = 8, 160  # characters: the length weight's floor and cap
 
 
-def length_weights(items: list[CachedItem], shares: dict[str, float] | None = None) -> list[float]:
+def length_weights(items: list[CachedItem]) -> list[float]:
     """Sampling weights in proportion to each item's text length (clamped), normalised so
-    that every type gets `shares` of the draws (None or empty: the share its item count
-    gives it)."""
+    that every type keeps the share of draws its item count gives it."""
     clamped = [min(max(len(item.text), SHORTEST_WEIGHT), LONGEST_WEIGHT) for item in items]
     by_type: Counter[str] = Counter()
     for item, length in zip(items, clamped):
         by_type[item.type] += length
     counts = Counter(item.type for item in items)
-    share = shares or {kind: count / len(items) for kind, count in counts.items()}
-    return [share[item.type] * length / by_type[item.type] for item, length in zip(items, clamped)]
+    return [counts[item.type] * length / by_type[item.type] for item, length in zip(items, clamped)]
 
 @torch.no_grad()
 def validate(recognizer: Recognizer, items: list[CachedItem]) -> dict[str, float]:
@@ -349,7 +338,7 @@ def train(config: StripTrainConfig, log=print) -> Path:
     view = CachedTowerView(model)
     rng = random.Random(config.seed * 1000 + step)
     generator = torch.Generator().manual_seed(config.seed * 1000 + step)
-    weights = length_weights(items, config.type_shares) if config.sample_by_length else None
+    weights = length_weights(items) if config.sample_by_length else None
     log_path = output / "train_log.jsonl"
     output.mkdir(parents=True, exist_ok=True)
     # one schedule for both groups, as a multiple of each group's own peak rate
@@ -380,7 +369,7 @@ def train(config: StripTrainConfig, log=print) -> Path:
             record["validation"] = validate(recognizer, held_out)
             # the cache may still be growing beside a long run: take in its new files
             items = [i for i in read_cache(Path(config.cache), config.max_visual_tokens) if i.type in config.types and i.id not in held_out_ids]
-            weights = length_weights(items, config.type_shares) if config.sample_by_length else None
+            weights = length_weights(items) if config.sample_by_length else None
         with log_path.open("a") as stream:
             stream.write(json.dumps(record) + "\n")
         if step % 50 == 0 or "validation" in record:
