@@ -66,7 +66,8 @@ def test_eval_json_on_a_trained_tiny_model(tmp_path, trained_tiny_model, process
     assert report["text"] == 1.0 / 3  # the memorised line, then two unreadable items scored 0
     assert {entry["id"] for entry in report["unreadable"]} == {"broken", "missing"}
     assert report["overall"] == pytest.approx((report["text"] + report["table"] + report["formula"]) / 3)
-    assert report["tpf"] > 1.5
+    # speculation pays on what the model memorised (the table's cells are the tiny model's guesses)
+    assert report["tpf_by_type"]["text"] > 1.5 and report["tpf_by_type"]["formula"] > 1.5
     assert set(report["tpf_by_type"]) == {"text", "table", "formula"} and all(
         tpf >= 1.0 for tpf in report["tpf_by_type"].values())
     assert min(report["tpf_by_type"].values()) <= report["tpf"] <= max(report["tpf_by_type"].values())
