@@ -147,6 +147,22 @@ def decorations(mask: np.ndarray, line_height: float) -> np.ndarray:
     return np.isin(labels, frames + lone) if frames or lone else np.zeros_like(mask)
 
 
+# A crop whose tallest component is under this share of the page's line height holds marks
+# alone (a colon, a full stop, `::=`), no letter.
+MARKS = 0.45
+
+
+def marks_only(mask: np.ndarray, box: Box, line_height: float) -> bool:
+    """Whether the ink in `box` is marks alone (MARKS): the recogniser scales a crop by its
+    own glyphs, so it would blow a full stop up to a letter's size and read it as a run of
+    dots or bullets."""
+    import cv2
+
+    x0, y0, x1, y1 = box
+    count, _, stats, _ = cv2.connectedComponentsWithStats(mask[y0:y1, x0:x1].astype(np.uint8), connectivity=8)
+    return count > 1 and int(stats[1:, cv2.CC_STAT_HEIGHT].max()) < MARKS * line_height
+
+
 def _overlap(a: tuple[int, int], b: tuple[int, int]) -> int:
     return max(0, min(a[1], b[1]) - max(a[0], b[0]))
 

@@ -24,8 +24,8 @@ from PIL import Image
 from gravityocr.pipelines.assembly import LineResult, PageResult, RegionResult, document_json, document_markdown, join_lines, sum_stats
 from gravityocr.pipelines.deskew import straighten
 from gravityocr.pipelines.documents import DocumentError, DocumentLimits, Page, open_document, read_file
-from gravityocr.pipelines.layout import TEXT_TYPES, Box, LayoutBackend, LineSplitter, NoLines, Region, ink_mask, \
-    layout_page, make_layout, make_line_splitter
+from gravityocr.pipelines.layout import TEXT_TYPES, Box, LayoutBackend, LineSplitter, NoLines, PageStats, Region, \
+    ink_mask, layout_page, make_layout, make_line_splitter, marks_only
 from gravityocr.pipelines.tables import TableGrid, table_grid, table_html
 
 if TYPE_CHECKING:  # torch loads with the recogniser, not with the settings (the CLIs' defaults are read here)
@@ -134,8 +134,13 @@ class PagePlanner:
                 mask = ink_mask(image) if rotation else mask
                 regions = layout_page(image, self.layout, self.lines, mask)
             tables = self._table_grids(image, mask, regions)
+            line_height = PageStats.of(mask).line_height
         except Exception as failure:  # noqa: BLE001 - the page is reported, the others go on
             regions, tables, error = [], {}, f"layout failed: {type(failure).__name__}: {failure}"
+        # a line or a region of marks alone is not read (layout.marks_only): a run of dots
+        # says less than nothing. A table's cells are all read: the page's line height says
+        # nothing of a table's own text, and a lone "." in a cell is the cell's content.
+        readable = lambda line: not marks_only(mask, line, line_height)
         result = PageResult(page.document_id, page.page_number, page.width, page.height, page.dpi,
                             self.layout.name, seconds={"layout": time.perf_counter() - start}, error=error,
                             rotation=rotation)
@@ -147,12 +152,12 @@ class PagePlanner:
             if region.type == "figure":
                 result.regions[-1].image = image.crop(region.bbox)
             elif region.type in TEXT_TYPES and reads_lines:
-                crops += [Crop(index, line, self._crop(image, line), task) for line in region.lines]
+                crops += [Crop(index, line, self._crop(image, line), task) for line in region.lines if readable(line)]
             elif index in tables:
                 grid, clean = tables[index]
                 crops += [Crop(index, line, self._crop(clean, line, region.bbox), "text", cell)
                           for cell, table_cell in enumerate(grid.cells) for line in table_cell.lines]
-            elif task is not None:
+            elif task is not None and readable(region.bbox):
                 crops.append(Crop(index, None, self._crop(image, region.bbox), task))
         return PagePlan(result, crops, {index: grid for index, (grid, _) in tables.items()})
 

@@ -289,3 +289,32 @@ def test_a_booktabs_table_is_one_table_region_between_its_rules():
     assert (grid.rows, grid.columns) == (4, 4)
     assert [len(cell.lines) for cell in grid.cells if cell.row == 0] == [1, 2, 2, 2]
     assert all(len(cell.lines) == 1 for cell in grid.cells if cell.row > 0)
+
+
+def test_a_line_of_marks_alone_is_not_read():
+    """A piece of a page that holds marks alone (`::=` between a grammar's name and its rule,
+    a wide blank on each side: a block of its own) would be blown up to a letter's size by
+    the recogniser's normalisation and read as a run of dots: the planner makes no crop of
+    it; the words around it are read."""
+    from gravityocr.pipelines.documents import Page
+    from gravityocr.pipelines.layout import PageStats, marks_only
+    from gravityocr.pipelines.page_ocr import PagePlanner
+
+    face = font(22)
+    image = Image.new("RGB", (1100, 600), "white")
+    draw = ImageDraw.Draw(image)
+    for n, text in enumerate(wrap("the grammar of the language is given below in the usual notation " * 3, face, 900)[:3]):
+        draw.text((100, 80 + 34 * n), text, font=face, fill="black")
+    draw.text((100, 260), "py_import", font=face, fill="black")
+    draw.text((480, 260), "::=", font=face, fill="black")
+    draw.text((760, 260), "identifier", font=face, fill="black")
+    mask = ink_mask(image)
+    line_height = PageStats.of(mask).line_height
+    marks = (478, 262, 520, 290)
+    assert marks_only(mask, marks, line_height) and not marks_only(mask, (98, 258, 230, 292), line_height)
+
+    plan = PagePlanner().plan(Page("grammar", 1, image, image.width, image.height))
+    lines = [crop.line for crop in plan.crops]
+    assert not any(x0 < 520 and x1 > 478 and y0 < 290 and y1 > 262 for x0, y0, x1, y1 in lines), lines
+    row = [line for line in lines if 250 < line[1] < 300]
+    assert len(row) == 2 and row[0][0] < 110 and row[1][0] > 750  # the name and the rule
