@@ -16,6 +16,8 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image
 
+from gravityocr.pipelines.layout import paper_colour
+
 MAX_DEGREES = 5.0  # scanners and phone photos of a page held straight skew less than this
 COARSE_STEP, FINE_STEP = 0.5, 0.1  # degrees
 MIN_DEGREES = 0.3  # smaller skews are left alone: a line still fits its row band
@@ -51,5 +53,4 @@ def straighten(image: Image.Image, mask: np.ndarray) -> tuple[Image.Image, float
     if degrees == 0.0:
         return image, 0.0
     rgb = image.convert("RGB")
-    paper = tuple(int(v) for v in np.median(np.asarray(rgb)[~mask], axis=0)) if (~mask).any() else (255, 255, 255)
-    return rgb.rotate(degrees, resample=Image.BICUBIC, fillcolor=paper), degrees
+    return rgb.rotate(degrees, resample=Image.BICUBIC, fillcolor=paper_colour(np.asarray(rgb), mask)), degrees

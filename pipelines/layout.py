@@ -74,6 +74,13 @@ def ink_mask(image: Image.Image) -> np.ndarray:
     return gray < threshold
 
 
+def paper_colour(pixels: np.ndarray, ink: np.ndarray) -> tuple[int, int, int]:
+    """The median RGB of the pixels of `pixels` (h, w, 3) that are not `ink`; white without paper."""
+    if not (~ink).any():
+        return 255, 255, 255
+    return tuple(int(v) for v in np.median(pixels[~ink], axis=0))
+
+
 # A horizontal rule belongs to a table when at least this many rules of about the same
 # extent (booktabs' top, middle and bottom rules) lie within TABLE_RULE_REACH line heights.
 TABLE_RULES = 3
@@ -242,16 +249,10 @@ class ProjectionLayout:
     column_gap: float = 1.5  # a horizontal gap of this many line heights splits blocks
     margin_fraction: float = 0.06  # header/footer band at the top/bottom of the page
 
-    def blocks(self, mask: np.ndarray, stats: PageStats, keep: list[Box] = ()) -> list[Box]:
-        """Blocks by recursive XY cuts, the boxes in `keep` (tables found by their rules)
-        blocks of their own, taken out of the page before it is cut."""
+    def blocks(self, mask: np.ndarray, stats: PageStats) -> list[Box]:
         min_gap_y = max(4, int(round(stats.line_gap + self.paragraph_gap * stats.line_height)))
         min_gap_x = max(8, int(round(self.column_gap * stats.line_height)))
-        out: list[Box] = list(keep)
-        if keep:
-            mask = mask.copy()
-            for x0, y0, x1, y1 in keep:
-                mask[y0:y1, x0:x1] = False
+        out: list[Box] = []
         stack = [(0, 0, mask.shape[1], mask.shape[0])]
         while stack:
             box = _trim(mask, stack.pop())
@@ -297,10 +298,14 @@ class ProjectionLayout:
     def detect(self, image: Image.Image, mask: np.ndarray) -> list[Region]:
         stats = PageStats.of(mask)
         types: dict[Box, str] = {}
-        # a booktabs-style table's rules and rows would be cut apart, and its rows peeled off
+        # a booktabs-style table's rules and rows would be cut apart, and its rows peeled off:
+        # it is a block of its own, taken out of the page before the page is cut
         ruled = rule_stacks(mask, stats.line_height)
         types.update((box, "table") for box in ruled)
-        for box in self.blocks(mask, stats, ruled)[len(ruled):]:
+        rest = mask.copy() if ruled else mask
+        for x0, y0, x1, y1 in ruled:
+            rest[y0:y1, x0:x1] = False
+        for box in self.blocks(rest, stats):
             kind = self._shape_type(mask, box, stats)
             if kind in ("figure", "table"):
                 box, peeled = _peel_text_bands(mask, box, stats)

@@ -25,7 +25,7 @@ from gravityocr.pipelines.assembly import LineResult, PageResult, RegionResult, 
 from gravityocr.pipelines.deskew import straighten
 from gravityocr.pipelines.documents import DocumentError, DocumentLimits, Page, open_document, read_file
 from gravityocr.pipelines.layout import TEXT_TYPES, Box, LayoutBackend, LineSplitter, NoLines, PageStats, Region, \
-    ink_mask, layout_page, make_layout, make_line_splitter, marks_only
+    ink_mask, layout_page, make_layout, make_line_splitter, marks_only, paper_colour
 from gravityocr.pipelines.tables import TableGrid, table_grid, table_html
 
 if TYPE_CHECKING:  # torch loads with the recogniser, not with the settings (the CLIs' defaults are read here)
@@ -174,8 +174,8 @@ class PagePlanner:
             if region.type == "table":
                 grid, rules = table_grid(mask, region.bbox)
                 x0, y0, x1, y1 = region.bbox
-                area, ink = pixels[y0:y1, x0:x1], mask[y0:y1, x0:x1]
-                area[rules] = np.median(area[~ink], axis=0) if (~ink).any() else 255
+                area = pixels[y0:y1, x0:x1]
+                area[rules] = paper_colour(area, mask[y0:y1, x0:x1])
                 tables[index] = grid
         clean = Image.fromarray(pixels)
         return {index: (grid, clean) for index, grid in tables.items()}
