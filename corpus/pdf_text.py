@@ -179,11 +179,13 @@ def render_page(page: pdfium.PdfPage, dpi: int) -> Image.Image:
     return page.render(scale=dpi / 72.0).to_pil().convert("RGB")
 
 
-def crop_lines(image: Image.Image, crop_box: tuple[float, float, float, float], dpi: int, lines: list[Segment],
+def crop_lines(image: Image.Image, page_box: tuple[float, float, float, float], dpi: int, lines: list[Segment],
                rng: random.Random) -> Image.Image | None:
     """The lines' box (widened to the font's ascent above the first line and descent below the
     last) with a random margin, from tight (a tenth of the font size) to loose (over one font
-    size sideways)."""
+    size sideways). `page_box` is the area `image` shows, in PDF points: `page.get_bbox()`,
+    which follows a box inherited from the page tree (`get_cropbox()` does not: it falls back
+    to US Letter, and crops of an A4 page would miss their lines)."""
     scale = dpi / 72.0
     left, right = min(s.box[0] for s in lines), max(s.box[2] for s in lines)
     size = lines[0].size
@@ -194,7 +196,7 @@ def crop_lines(image: Image.Image, crop_box: tuple[float, float, float, float], 
     vertical = rng.uniform(0.03, 0.18) * size
     horizontal_left = rng.uniform(0.1, 1.2) * size
     horizontal_right = rng.uniform(0.1, 1.2) * size
-    page_left, _, _, page_top = crop_box  # the rendered area, in the same PDF points
+    page_left, _, _, page_top = page_box
     x0 = max(0, int((left - horizontal_left - page_left) * scale))
     x1 = min(image.width, int(round((right + horizontal_right - page_left) * scale)))
     y0 = max(0, int((page_top - top - vertical) * scale))
@@ -245,7 +247,7 @@ def line_items(package: UnpackedPackage, seed: int, limit: int | None = None,
         dpi = rng.randint(*config.dpi_range)
         image = render_page(page, dpi)
         for segment in chosen:
-            crop = crop_lines(image, page.get_cropbox(), dpi, [segment], rng)
+            crop = crop_lines(image, page.get_bbox(), dpi, [segment], rng)
             if crop is None or not has_ink(crop):
                 continue
             source = Source(package.name, relative, package.licence, page=number + 1, renderer=f"pdfium@{dpi}dpi")
@@ -290,7 +292,7 @@ def paragraph_items(package: UnpackedPackage, seed: int, limit: int | None = Non
         dpi = rng.randint(*config.dpi_range)
         image = render_page(page, dpi)
         for block in rng.sample(blocks, min(config.paragraphs_per_page, len(blocks))):
-            crop = crop_lines(image, page.get_cropbox(), dpi, block, rng)
+            crop = crop_lines(image, page.get_bbox(), dpi, block, rng)
             if crop is None or not has_ink(crop):
                 continue
             source = Source(package.name, relative, package.licence, page=number + 1, renderer=f"pdfium@{dpi}dpi")

@@ -201,3 +201,45 @@ def test_paragraphs_are_blocks_of_regularly_spaced_lines(tmp_path):
     assert sorted(item.text for item in items) == sorted("\n".join(block) for block in PARAGRAPHS)
     for item in items:
         assert item.type == "text" and item.image.height > 2 * 12 * 100 / 72  # at least two lines at >= 100 dpi
+
+
+def test_a_page_whose_size_is_inherited_from_the_page_tree_is_cropped_at_its_lines(tmp_path):
+    """An A4 page whose MediaBox sits on the page tree (as some TeX drivers write it) gives
+    the same crops as the same page with a box of its own: the crop follows the rendered area."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from pypdf import PdfReader, PdfWriter
+    from pypdf.generic import NameObject
+
+    own = tmp_path / "own/usr/share/doc/a4"
+    inherited = tmp_path / "inherited/usr/share/doc/a4"
+    own.mkdir(parents=True)
+    inherited.mkdir(parents=True)
+    with matplotlib.rc_context({"pdf.fonttype": 42}):
+        figure = plt.figure(figsize=(595 / 72, 842 / 72))
+        for number, line in enumerate(LINES):
+            figure.text(0.1, 0.9 - 0.05 * number, line, fontsize=12, family="DejaVu Serif")
+        figure.savefig(own / "guide.pdf", format="pdf")
+        plt.close(figure)
+    writer = PdfWriter(clone_from=PdfReader(own / "guide.pdf"))
+    page = writer.pages[0]
+    box = page[NameObject("/MediaBox")]
+    del page[NameObject("/MediaBox")]
+    writer._root_object["/Pages"][NameObject("/MediaBox")] = box
+    writer.write(inherited / "guide.pdf")
+
+    import pypdfium2 as pdfium
+
+    document = pdfium.PdfDocument(inherited / "guide.pdf")
+    assert document[0].get_cropbox() != document[0].get_bbox()  # the case this test is about
+    document.close()
+    crops = {}
+    for name in ("own", "inherited"):
+        items = list(line_items(UnpackedPackage("a4-doc", tmp_path / name, "MIT"), seed=5))
+        crops[name] = {item.text: np.asarray(item.image) for item in items}
+    assert sorted(crops["own"]) == sorted(crops["inherited"]) == sorted(LINES)
+    for text, image in crops["own"].items():
+        assert np.array_equal(image, crops["inherited"][text]), text
