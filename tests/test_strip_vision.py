@@ -109,6 +109,17 @@ def copying_recognizer(tokenizer):
     return Recognizer(model, processor)
 
 
+@pytest.fixture(scope="module")
+def biased_recognizer(copying_recognizer):
+    """The copying model with a copy bias (config `copy_logit_bias`): each position's copy
+    token gets that much added to its logit."""
+    import copy
+
+    model = copy.deepcopy(copying_recognizer.model)
+    model.config.copy_logit_bias = 3.0
+    return Recognizer(model, copying_recognizer.processor)
+
+
 def test_the_model_saves_and_loads_with_its_tower_and_processor(strip_recognizer, tmp_path):
     model = strip_recognizer.model
     assert vision_tower_of(model.config) == STRIP_TOWER and not hasattr(model.model, "visual")
@@ -206,7 +217,7 @@ def test_an_unknown_vision_tower_is_refused(tokenizer):
         GravityOcrForConditionalGeneration(config)
 
 
-@pytest.mark.parametrize("recognizer_name", ["strip_recognizer", "copying_recognizer"])
+@pytest.mark.parametrize("recognizer_name", ["strip_recognizer", "copying_recognizer", "biased_recognizer"])
 def test_every_decoding_path_is_exact_with_the_strip_tower(recognizer_name, request):
     recognizer = request.getfixturevalue(recognizer_name)
     model, processor = recognizer.model, recognizer.processor
@@ -314,3 +325,39 @@ def test_grpo_rollouts_of_a_copying_model_feed_each_member_its_copy_tokens(copyi
     group = sample_group(model, prompt, 2, 16, eos, temperature=1e-4, generator=torch.Generator().manual_seed(0))
     assert group == [greedy, greedy]
 
+
+
+def test_the_copy_bias_is_in_training_and_every_decoding_path_and_changes_the_reading(biased_recognizer,
+                                                                                       copying_recognizer):
+    """Teacher-forced on its own greedy output, the biased model's clean stream gives the
+    logits greedy decoding gives step by step (the bias included: each is the unbiased
+    model's plus the bias on the copy token), and the bias changes what greedy writes."""
+    from transformers.cache_utils import DynamicCache
+
+    from gravityocr.model.decode.reading_drafts import reading_with_eos
+    from gravityocr.model.decode.reference import prefill
+    from gravityocr.model.training.joint_loss import Objective, TrainingSample, build_joint_batch, joint_logits
+
+    model, processor = biased_recognizer.model, biased_recognizer.processor
+    eos = set(processor.eos_token_ids)
+    prompts = [processor.encode(render([TEXT[:n]], 20, 3), "text") for n in (8, 20, 41)]
+    with torch.no_grad():
+        biased = [greedy_decode(model, prompt, 16, eos).token_ids for prompt in prompts]
+        plain = [greedy_decode(copying_recognizer.model, prompt, 16, eos).token_ids for prompt in prompts]
+        assert biased != plain
+        prompt, greedy = prompts[1], biased[1]
+        readings: list = []
+        model.encode_images(prompt.pixel_values, prompt.image_grid_thw, readings)
+        sample = TrainingSample(prompt, greedy, reading_with_eos(readings[0], frozenset(eos)))
+        batch = build_joint_batch(model, [sample], Objective.AR_ONLY, random_block_offset=False)
+        logits = joint_logits(model, batch)[0]
+        unbiased = joint_logits(copying_recognizer.model, batch)[0]
+        start = prefill(model, prompt, DynamicCache(config=model.config.text_config), eos)
+    P = prompt.length
+    assert logits[P - 1:P - 1 + len(greedy)].argmax(-1).tolist() == greedy
+    torch.testing.assert_close(logits[P - 1], start.logits)
+    copies = batch.copy_ids[0]
+    expected = unbiased.clone()
+    rows = torch.nonzero(copies >= 0)[:, 0]
+    expected[rows, copies[rows]] += 3.0
+    torch.testing.assert_close(logits, expected)

@@ -120,7 +120,7 @@ def prefill(model: GravityOcrForConditionalGeneration, prompt: EncodedPrompt, ca
     embeds = model.embed(input_ids, image_embeds, copy_ids)
     mask = causal_attention_mask(0, length + block, device)
     mask[length:, length:] = True
-    logits = model.logits_from_embeds(embeds, positions, mask[None, None], cache)
+    logits = model.logits_from_embeds(embeds, positions, mask[None, None], cache, copy_ids)
     if block:
         cache.crop(-block)
     return Prefill(logits[0, length - 1], next_position, logits[0, length + 1:], reading)
@@ -132,7 +132,7 @@ def _step(model, token_ids: list[int], first_position: int, mask: torch.Tensor, 
     ids = torch.tensor([token_ids], dtype=torch.long, device=device)
     positions = torch.arange(first_position, first_position + len(token_ids), device=device).view(1, 1, -1).expand(3, 1, -1)
     copies = None if copy_ids is None else torch.tensor([copy_ids], dtype=torch.long, device=device)
-    return model.logits_from_embeds(model.embed(ids, None, copies), positions, mask[None, None], cache)[0]
+    return model.logits_from_embeds(model.embed(ids, None, copies), positions, mask[None, None], cache, copies)[0]
 
 
 def _copies(reading: ReadingIndex | None, tokens: list[int], first: int, count: int) -> list[int] | None:

@@ -50,7 +50,9 @@ class ModelRunner:
             attention_mask=mask,
             cache=self.cache, use_cache=True,
         ).last_hidden_state
+        copy_ids = layout.copy_ids
         if layout.columns is not None:
             hidden = hidden.gather(1, layout.columns[..., None].expand(-1, -1, hidden.shape[-1]))
+            copy_ids = None if copy_ids is None else copy_ids.gather(1, layout.columns)
         self.batched_passes += 1
-        return model.lm_head(hidden)
+        return model.output_logits(hidden, copy_ids)

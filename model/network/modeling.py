@@ -175,11 +175,13 @@ class GravityOcrForConditionalGeneration(GlmOcrForConditionalGeneration):
         position_ids: torch.Tensor,
         attention_mask: torch.Tensor,
         cache: Cache | None = None,
+        copy_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Decoder + LM head under an explicit mask.
 
         position_ids: (3, batch, seq) rope positions; attention_mask: (batch, 1, seq, past+seq)
         bool, True = attend (sdpa semantics; the model is built with sdpa attention).
+        `copy_ids`: the same as given to `embed` (see `output_logits`).
         """
         hidden = self.model.language_model(
             inputs_embeds=inputs_embeds,
@@ -188,7 +190,20 @@ class GravityOcrForConditionalGeneration(GlmOcrForConditionalGeneration):
             cache=cache,
             use_cache=cache is not None,
         ).last_hidden_state
-        return self.lm_head(hidden)
+        return self.output_logits(hidden, copy_ids)
+
+    def output_logits(self, hidden: torch.Tensor, copy_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """LM head. A copying model with a copy bias (config `copy_logit_bias`) adds it to the
+        logit of each position's copy token (`copy_ids` shaped as `hidden` without its last
+        dimension; NO_COPY where a position has none): the reading is written unless the
+        decoder's own preference beats it by that margin. Every path that commits tokens
+        passes the copy tokens it gives `embed`, so greedy decoding stays one function."""
+        logits = self.lm_head(hidden)
+        bias = float(getattr(self.config, "copy_logit_bias", 0.0) or 0.0)
+        if copy_ids is None or not bias or not self.copies_reading:
+            return logits
+        has_copy = (copy_ids >= 0).to(logits.dtype)[..., None]
+        return logits.scatter_add(-1, copy_ids.clamp(min=0)[..., None], bias * has_copy)
 
     def rope_positions(self, input_ids: torch.Tensor, image_grid_thw: torch.Tensor | None) -> tuple[torch.Tensor, int]:
         """GLM-OCR's 3-D rope positions for one prompt (1, P), and the position the first

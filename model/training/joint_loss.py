@@ -201,7 +201,8 @@ def joint_logits(model: GravityOcrForConditionalGeneration, batch: JointBatch) -
     image_embeds = torch.cat(model.encode_images(batch.pixel_values.to(device), batch.image_grid_thw.to(device)))
     copy_ids = None if batch.copy_ids is None else batch.copy_ids.to(device)
     embeds = model.embed(batch.input_ids.to(device), image_embeds, copy_ids)
-    return model.logits_from_embeds(embeds, batch.position_ids.to(device), batch.attention_mask.to(device))
+    return model.logits_from_embeds(embeds, batch.position_ids.to(device), batch.attention_mask.to(device),
+                                    copy_ids=copy_ids)
 
 
 def joint_loss(

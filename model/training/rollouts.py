@@ -52,7 +52,7 @@ def sample_group(model: GravityOcrForConditionalGeneration, prompt: EncodedPromp
                 text.append(token)
             copy_ids = torch.tensor([[start.reading.copy_token(text)] for text in texts], device=device)
         embeds = model.embed(tokens[:, None].to(device), None, copy_ids)
-        logits = model.logits_from_embeds(embeds, positions, mask, cache)[:, -1]
+        logits = model.logits_from_embeds(embeds, positions, mask, cache, copy_ids)[:, -1]
     responses = []
     for row in torch.stack(columns, dim=1).tolist():
         end = next((i + 1 for i, token in enumerate(row) if token in eos_ids), len(row))
