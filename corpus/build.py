@@ -34,7 +34,7 @@ from gravityocr.model.evaluation.manifest import png_bytes
 from gravityocr.corpus.augment import scan_like
 from gravityocr.corpus.debian import UnpackedPackage, check_not_reserved, fetch_package
 from gravityocr.corpus.items import CorpusItem
-from gravityocr.corpus.sources import EVALUATION, TRAINING, check_sources
+from gravityocr.corpus.sources import DEVELOPMENT, EVALUATION, TRAINING, check_sources
 
 DEFAULT_CACHE = Path.home() / ".cache" / "gravityocr" / "debian"
 TYPES = ("text", "page", "table", "formula")
@@ -188,6 +188,7 @@ def build(config: BuildConfig, log=print, training: dict[str, list[str]] = TRAIN
 # --- the evaluation set ------------------------------------------------------------------
 
 EVAL_COUNTS = {"text": 320, "page": 14, "table": 45, "formula": 66}
+DEV_COUNTS = {"text": 300}
 
 
 def build_eval_set(output: Path, cache: Path = DEFAULT_CACHE, seed: int = 0,
@@ -293,11 +294,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     evaluation.add_argument("output", type=Path, help="directory for manifest.jsonl and images/")
     evaluation.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     evaluation.add_argument("--seed", type=int, default=0)
+    evaluation.add_argument("--development", action="store_true",
+                            help="the development set (data/dev) from the development packages instead")
 
 
 def run(args) -> int:
     if args.action == "eval-set":
-        build_eval_set(args.output, args.cache, args.seed)
+        if args.development:
+            build_eval_set(args.output, args.cache, args.seed, counts=DEV_COUNTS, evaluation=DEVELOPMENT)
+        else:
+            build_eval_set(args.output, args.cache, args.seed)
         return 0
     types = tuple(t.strip() for t in args.types.split(",") if t.strip())
     unknown = [t for t in types if t not in TYPES]

@@ -30,13 +30,22 @@ EVALUATION = {
     "formula": ["texlive-lang-english", "texlive-lang-french"],
 }
 
+# type -> packages read for the development set data/dev: where settings are chosen, so that
+# data/real stays a measurement
+DEVELOPMENT = {
+    "text": ["texlive-lang-german", "pari-doc", "debian-refcard"],
+}
+
 
 def check_sources() -> None:
-    """ValueError unless training and evaluation packages are disjoint and none is reserved."""
-    training = {p for packages in TRAINING.values() for p in packages}
-    evaluation = {p for packages in EVALUATION.values() for p in packages}
-    for package in training | evaluation:
-        check_not_reserved(package)
-    shared = training & evaluation
-    if shared:
-        raise ValueError(f"packages on both the training and the evaluation side: {sorted(shared)}")
+    """ValueError unless the training, evaluation and development packages are pairwise
+    disjoint and none is reserved."""
+    sides = {"training": TRAINING, "evaluation": EVALUATION, "development": DEVELOPMENT}
+    packages = {side: {p for names in types.values() for p in names} for side, types in sides.items()}
+    for names in packages.values():
+        for package in names:
+            check_not_reserved(package)
+    for first, second in (("training", "evaluation"), ("training", "development"), ("evaluation", "development")):
+        shared = packages[first] & packages[second]
+        if shared:
+            raise ValueError(f"packages on both the {first} and the {second} side: {sorted(shared)}")

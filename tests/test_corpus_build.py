@@ -17,7 +17,7 @@ from gravityocr.corpus.build import BuildConfig, build, build_eval_set
 from gravityocr.corpus.debian import (RESERVED_PACKAGES, ReservedPackage, UnpackedPackage, check_not_reserved,
                                       fetch_package, is_reserved)
 from gravityocr.corpus.pdf_text import line_items, page_items, paragraph_items
-from gravityocr.corpus.sources import EVALUATION, TRAINING, check_sources
+from gravityocr.corpus.sources import DEVELOPMENT, EVALUATION, TRAINING, check_sources
 from gravityocr.model.evaluation.scores import canonicalize_latex
 
 LINES = [
@@ -85,16 +85,20 @@ def test_the_command_refuses_a_reserved_package(tmp_path, capsys):
     assert not (tmp_path / "out").exists() and not (tmp_path / "cache").exists()
 
 
-def test_sources_are_disjoint_and_never_reserved():
+def test_sources_are_disjoint_and_never_reserved(monkeypatch):
     check_sources()
     assert len(RESERVED_PACKAGES) == 11
-    for side in (TRAINING, EVALUATION):
+    for side in (TRAINING, EVALUATION, DEVELOPMENT):
         for packages in side.values():
             for name in packages:
                 assert check_not_reserved(name) == name
     training = {p for ps in TRAINING.values() for p in ps}
     evaluation = {p for ps in EVALUATION.values() for p in ps}
-    assert not training & evaluation
+    development = {p for ps in DEVELOPMENT.values() for p in ps}
+    assert not training & evaluation and not training & development and not evaluation & development
+    monkeypatch.setitem(DEVELOPMENT, "text", ["bash-doc"])  # an evaluation package
+    with pytest.raises(ValueError, match="evaluation and the development side"):
+        check_sources()
 
 
 def test_lines_and_page_of_a_small_pdf_have_their_exact_text(fixture_package):
