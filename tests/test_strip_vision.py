@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image, ImageDraw, ImageFont
@@ -54,6 +55,28 @@ def test_one_line_reads_the_same_at_any_scale_and_margin():
             ink = (strips[0].mean(dim=0) < 0).any(dim=0).nonzero()
             shapes.add(int(ink[-1] - ink[0]))
     assert max(shapes) / min(shapes) < 1.15
+
+
+def test_a_dot_leader_line_is_scaled_by_its_letters_not_its_dots():
+    """A table-of-contents line is mostly dots: its scale is its letters', so it stays one
+    strip at the size of the same words without the leader."""
+    processor = StripImageProcessor()
+    leader = render(["closure_get_data " + ". " * 30 + "5"], 28, 4)
+    words = render(["closure_get_data 5"], 28, 4)
+    gray = lambda image: np.asarray(image.convert("L"))
+    assert processor.scale_for(gray(leader)) == pytest.approx(processor.scale_for(gray(words)), rel=0.1)
+    assert processor.strips(leader).shape[0] == 1
+    plain = render([TEXT], 28, 4)  # a line of words keeps the median of all its components
+    assert processor.scale_for(gray(plain)) == pytest.approx(_median_glyph_scale(processor, gray(plain)))
+
+
+def _median_glyph_scale(processor: StripImageProcessor, gray) -> float:
+    import cv2
+
+    _, ink = cv2.threshold(gray, 0, 1, cv2.THRESH_BINARY_INV + cv2.THRESH_OTSU)
+    _, _, stats, _ = cv2.connectedComponentsWithStats(ink, connectivity=8)
+    heights, areas = stats[1:, cv2.CC_STAT_HEIGHT], stats[1:, cv2.CC_STAT_AREA]
+    return processor.glyph_height / float(np.median(heights[(areas >= 6) & (heights >= 3)]))
 
 
 def test_tall_crops_become_overlapping_strips_and_cells_rebuild_them():
