@@ -4,9 +4,9 @@ on the same pages: rapidocr (PP-OCRv6, its bundled models) and Tesseract. Also t
 layout backends on their own: seconds per page and how well they find the generated
 pages' regions.
 
-Page score = 1 - normalized edit distance between the page's text in reading order and
-the truth (whitespace collapsed, HTML tags dropped so tables count by their cells' text;
-figures left out; headers and footers kept, since every system reads them; formulas are
+Page score = the evaluator's (`model/evaluation/scores.py` `page_similarity`): 1 - normalized
+edit distance between the page's text in reading order and the truth (tables count by their
+cells' text, dot leaders left out, whitespace collapsed; figures left out; headers and footers kept, since every system reads them; formulas are
 LaTeX in the truth, which plain-text peers cannot match). Truth: the generator's text for synthetic pages; the PDF's own text
 layer for real, born-digital PDFs rendered with pdfium.
 
@@ -20,13 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +33,7 @@ from PIL import Image
 from gravityocr.pipelines.layout import LAYOUT_BACKENDS, LINE_SPLITTERS, layout_page, make_layout, make_line_splitter
 from gravityocr.pipelines.page_ocr import PageOcrConfig
 from gravityocr.bench.synthetic_pages import sample_pages
+from gravityocr.model.evaluation.scores import page_similarity, page_text
 
 # Born-digital PDFs with a text layer that Debian installs with common packages.
 DEFAULT_PDFS = (
@@ -69,27 +68,6 @@ class SystemFigures:
                 "page_score": round(mean, 4), **self.extra}
 
 
-_TAG = re.compile(r"<[^>]+>")
-_LEADER = re.compile(r"(?:\.\s*){3,}")  # ". . . . ." of a table of contents
-
-
-def normalize(text: str) -> str:
-    """Compared text: NFKC, HTML tags dropped (a table counts by its cells' text, so a peer
-    that writes plain text is not charged for markup), dot leaders dropped (text layers
-    keep every dot, OCR keeps some), whitespace collapsed."""
-    text = _TAG.sub(" ", unicodedata.normalize("NFKC", text).replace("\ufffe", ""))
-    return " ".join(_LEADER.sub(" ", text).split())
-
-
-def page_score(prediction: str, truth: str) -> float:
-    from rapidfuzz.distance import Levenshtein
-
-    prediction, truth = normalize(prediction), normalize(truth)
-    if not prediction and not truth:
-        return 1.0
-    return 1.0 - Levenshtein.normalized_distance(prediction, truth)
-
-
 # --- pages --------------------------------------------------------------------------------
 
 def synthetic_pages(count: int, seed: int) -> list[BenchPage]:
@@ -112,7 +90,7 @@ def pdf_pages(paths: list[str], per_pdf: int, dpi: float) -> list[BenchPage]:
                 break
             page = document[index]
             truth = page.get_textpage().get_text_range()
-            if len(normalize(truth)) < 200:  # a cover or a blank page says little
+            if len(page_text(truth)) < 200:  # a cover or a blank page says little
                 continue
             image = page.render(scale=dpi / 72, fill_color=(255, 255, 255, 255)).to_pil().convert("RGB")
             out.append(BenchPage(f"{Path(path).name}#{index + 1}", image, truth))
@@ -176,7 +154,7 @@ def run_ours(pages: list[BenchPage], recognizer, config, mode: str, args) -> Sys
     for page, result in zip(pages, results):
         text = result.text(include_furniture=True)
         figures.texts.append(text)
-        figures.scores.append(page_score(text, page.truth))
+        figures.scores.append(page_similarity(text, page.truth))
         for region in result.regions:
             if region.stats:
                 tokens += region.stats["committed_tokens"]
@@ -203,7 +181,7 @@ def run_rapidocr(pages: list[BenchPage]) -> SystemFigures:
         result = engine(np.asarray(page.image)[:, :, ::-1])
         figures.texts.append("\n".join(result.txts or ()))
     figures.seconds = time.perf_counter() - start
-    figures.scores = [page_score(text, page.truth) for text, page in zip(figures.texts, pages)]
+    figures.scores = [page_similarity(text, page.truth) for text, page in zip(figures.texts, pages)]
     return figures
 
 
@@ -227,7 +205,7 @@ def run_tesseract(pages: list[BenchPage]) -> SystemFigures:
                                   text=True)
             figures.texts.append(done.stdout)
         figures.seconds = time.perf_counter() - start
-    figures.scores = [page_score(text, page.truth) for text, page in zip(figures.texts, pages)]
+    figures.scores = [page_similarity(text, page.truth) for text, page in zip(figures.texts, pages)]
     return figures
 
 

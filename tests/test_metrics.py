@@ -91,3 +91,14 @@ def test_score_dispatches_by_type():
     assert score("formula", "x^2", "x^{2}") == 1.0
     with pytest.raises(ValueError, match="unknown content type"):
         score("figure", "", "")
+
+
+def test_a_page_counts_a_table_by_its_cells_text_and_leaves_out_dot_leaders():
+    from gravityocr.model.evaluation.scores import page_similarity, page_text
+
+    markdown = ('Table 1: Options\n\n<table><tr><td>name</td><td colspan="2">a &lt;b&gt; &amp; c</td></tr></table>\n\n'
+                'Contents . . . . . . . . 5\n<xsl:param name="x"/>')
+    truth = 'Table 1: Options\nname\na <b> & c\nContents 5\n<xsl:param name="x"/>'
+    assert page_text(markdown) == page_text(truth) == 'Table 1: Options name a <b> & c Contents 5 <xsl:param name="x"/>'
+    assert page_similarity(markdown, truth) == 1.0
+    assert page_similarity(markdown.replace("name</td>", "nome</td>"), truth) < 1.0

@@ -1,6 +1,8 @@
 """OCR accuracy scores in [0, 1], one per content type, as the GLM-OCR / OmniDocBench line of work reports them.
 
-- text and pages: 1 - normalized edit distance, after folding whitespace runs;
+- text: 1 - normalized edit distance, after folding whitespace runs;
+- pages: the same on the page's text (`page_text`): a table counts by its cells' text, a
+  table of contents' dot leaders are left out;
 - tables: TEDS (tree-edit-distance similarity, PubTabNet), built on `apted`;
 - formulas: 1 - normalized edit distance of LaTeX in one canonical form, so that
   `x^2` and `x^{2}`, or `\\frac12` and `\\frac{1}{2}`, are not counted as errors.
@@ -8,7 +10,9 @@
 
 from __future__ import annotations
 
+import html
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 
@@ -29,8 +33,23 @@ def text_similarity(pred: str, ref: str) -> float:
     return edit_similarity(_fold_whitespace(pred), _fold_whitespace(ref))
 
 
+_TABLE = re.compile(r"<table\b.*?</table>", re.DOTALL | re.IGNORECASE)
+_TABLE_TAG = re.compile(r"</?(?:table|thead|tbody|tfoot|tr|td|th)\b[^>]*>", re.IGNORECASE)
+_LEADER = re.compile(r"(?:\.\s*){3,}")  # ". . . . ." of a table of contents
+
+
+def page_text(text: str) -> str:
+    """What a page score compares: NFKC; a table's markup taken out and its cells' text
+    unescaped (a page's true text is plain, and a peer that writes plain text is not charged
+    for markup); dot leaders left out (text layers keep every dot, a reader some);
+    whitespace folded. Text outside tables keeps its angle brackets."""
+    text = unicodedata.normalize("NFKC", text).replace("\ufffe", "")
+    text = _TABLE.sub(lambda table: " " + html.unescape(_TABLE_TAG.sub(" ", table.group(0))) + " ", text)
+    return _fold_whitespace(_LEADER.sub(" ", text))
+
+
 def page_similarity(pred: str, ref: str) -> float:
-    return text_similarity(pred, ref)
+    return edit_similarity(page_text(pred), page_text(ref))
 
 
 # ---------------------------------------------------------------- LaTeX
