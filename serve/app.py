@@ -314,7 +314,7 @@ class OcrService:
         metrics.engine_actor_started(device)
         self.recognizer = recognizer
         self.engine_config = self.crops.engine_config
-        self.decode = self.settings.decode.resolved(str(recognizer.model.device), self.settings.threads)  # the cap written out
+        self.decode = self.settings.decode.resolved()  # the cap written out
         self.pages = PageOcr(self.crops, PageOcrConfig(dpi=self.settings.dpi, layout=self.settings.layout,
                                                        lines=self.settings.lines))
         self.ready = True

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from gravityocr.model.decode.settings import FLAGS, DecodeSettings, add_decode_arguments, decode_settings_from_args
-from gravityocr.model.engine.config import speculative_max_batch_for
 
 
 @pytest.mark.parametrize("values, words", [
@@ -30,11 +29,9 @@ def test_settings_are_frozen_once_checked():
         DecodeSettings().block_size = 1  # type: ignore[misc]
 
 
-@pytest.mark.parametrize("device, threads", [("cpu", 1), ("cpu", 2), ("cuda", 2)])
-def test_an_unset_cap_resolves_to_the_product_default_of_the_device(device, threads):
-    resolved = DecodeSettings().resolved(device, threads)
-    assert resolved.speculative_max_batch == (speculative_max_batch_for(device, threads) or 0)
-    assert resolved.speculative_max_batch == {("cpu", 1): 4, ("cpu", 2): 8, ("cuda", 2): 0}[device, threads]
+def test_an_unset_cap_resolves_to_the_product_default_every_batch_size():
+    assert DecodeSettings().resolved().speculative_max_batch == 0
+    assert DecodeSettings(speculative_max_batch=6).resolved().speculative_max_batch == 6
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
@@ -44,7 +41,7 @@ def test_none_zero_and_n_reach_the_engine_as_one_meaning(device):
                                                         max_batch_size=16, max_seq_len=64)
         return config.speculative_max_batch  # the engine's None: no cap
 
-    assert engine_cap() == speculative_max_batch_for(device, 2)  # None: the product's default on the device
+    assert engine_cap() is None  # unset: the product's default, every batch size
     assert engine_cap(speculative_max_batch=0) is None  # 0: any
     assert engine_cap(speculative_max_batch=6) == 6  # N: at most N
 
@@ -62,11 +59,11 @@ def test_engine_config_carries_every_setting():
 
 def test_report_says_whether_it_is_what_the_product_runs():
     report = DecodeSettings().report("cpu", 2)
-    assert report == {"mode": "spec", "block_size": 32, "speculative_max_batch": 8, "device": "cpu", "threads": 2,
+    assert report == {"mode": "spec", "block_size": 32, "speculative_max_batch": 0, "device": "cpu", "threads": 2,
                       "product_default": True}
-    assert DecodeSettings(speculative_max_batch=8).report("cpu", 2)["product_default"] is True  # resolves alike
-    assert DecodeSettings(speculative_max_batch=0).report("cpu", 2)["product_default"] is False
-    assert DecodeSettings(speculative_max_batch=0).report("cuda", 2)["product_default"] is True
+    assert DecodeSettings(speculative_max_batch=0).report("cpu", 2)["product_default"] is True  # resolves alike
+    assert DecodeSettings(speculative_max_batch=8).report("cpu", 2)["product_default"] is False
+    assert DecodeSettings(block_size=16).report("cuda", 2)["product_default"] is False
 
 
 def test_from_mapping_refuses_unknown_keys():
@@ -136,6 +133,6 @@ def test_every_decoding_command_takes_the_same_flags():
         assert set(shared) <= set(flags), command
         for flag in shared:  # one meaning: the same words, up to where the default is named
             assert flags[flag].rsplit(" (default", 1)[0] == helps["eval"][flag].rsplit(" (default", 1)[0], (command, flag)
-    assert "0: at any batch size" in helps["eval"]["--speculative-max-batch"]
+    assert "0 or unset (null in a config): at any batch size" in helps["eval"]["--speculative-max-batch"]
     assert all("--mode" in helps[command] for command in ("ocr", "batch", "serve"))
     assert "--mode" not in helps["eval"] and "--mode" not in helps["bench decode"]

@@ -160,11 +160,7 @@ def test_a_full_batch_decodes_in_ar_rounds_and_stays_exact(model, eos, prompt_po
         EngineConfig(speculative_max_batch=0)
 
 
-def test_the_cpu_default_stops_speculating_at_the_measured_crossover():
-    from gravityocr.model.engine.config import speculative_max_batch_for
-
-    assert speculative_max_batch_for("cpu", 1) == 4 and speculative_max_batch_for("cpu", 2) == 8
-    assert speculative_max_batch_for("cuda:0", 2) is None and speculative_max_batch_for("mps", 2) is None
+def test_a_cap_stops_speculating_above_it_and_the_default_speculates_at_any_batch():
     config = EngineConfig(speculative_max_batch=4)
     assert config.speculates(4) and not config.speculates(5)
     assert not EngineConfig(mode="ar").speculates(1) and EngineConfig().speculates(10_000)

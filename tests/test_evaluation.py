@@ -9,7 +9,6 @@ import torch
 
 from gravityocr.cli import main
 from gravityocr.model.decode.settings import DecodeSettings
-from gravityocr.model.engine.config import speculative_max_batch_for
 from gravityocr.model.network.loading import Recognizer, save_recognizer
 from gravityocr.model.evaluation.manifest import ManifestItem, write_manifest
 from gravityocr.model.evaluation.scores import teds
@@ -78,13 +77,13 @@ def test_eval_json_on_a_trained_tiny_model(tmp_path, trained_tiny_model, process
     assert report["decode"] == {"mode": "spec", "block_size": 16, "speculative_max_batch": 0,
                                 "device": "cpu", "threads": threads, "product_default": False}
 
-    # By default the product's decoding as it ships, its CPU cap written out: the same reading;
-    # the check runs speculation at every batch size too, past the cap's AR rounds.
+    # By default the product's decoding as it ships (speculation at every batch size, the cap
+    # written out as 0): the same reading.
     assert main(["eval", str(data), "--model", str(model_dir), "--json", "--check-exact"]) == 0
     shipped = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert shipped["exact"] is True
     assert shipped["decode"] == {"mode": "spec", "block_size": 32,
-                                 "speculative_max_batch": speculative_max_batch_for("cpu", threads),
+                                 "speculative_max_batch": 0,
                                  "device": "cpu", "threads": threads, "product_default": True}
     assert {k: shipped[k] for k in ("text", "table", "formula")} == {k: report[k] for k in ("text", "table", "formula")}
 

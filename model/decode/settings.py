@@ -8,11 +8,11 @@ wherever it is set.
 
 The batch cap (`speculative_max_batch`) reads:
 
-    None   the product's default on the device (what a user gets by leaving it unset)
+    None   the product's default, every batch size (what a user gets by leaving it unset)
     0      every batch size
     N >= 1 only while at most N sequences decode together
 
-`resolved(device, threads)` writes the default out (never None), in the same vocabulary;
+`resolved()` writes the default out (never None), in the same vocabulary;
 `engine_config(...)` hands the engine that cap (where the engine's own `None` means no
 cap). The output text is the same under any setting: greedy AR decoding of the same weights.
 
@@ -52,8 +52,8 @@ class DecodeSettings:
     mode: Literal["spec", "ar"] = "spec"  # self-speculative or plain greedy AR: the same text
     block_size: int = 32  # draft block B: masks drafted per speculative round
     # Speculative rounds only while at most this many sequences decode together, AR rounds
-    # above (a CPU decodes a full batch faster in AR rounds). None: the device's default
-    # (`speculative_max_batch_for`: on a CPU 4 per torch thread, elsewhere every batch size).
+    # above. None (the default) and 0: every batch size; with the shipped reader's drafts
+    # speculation beats AR rounds at every batch size measured, on a CPU too (docs/decoding.md).
     speculative_max_batch: int | None = None
 
     def __post_init__(self):
@@ -87,15 +87,11 @@ class DecodeSettings:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
-    def resolved(self, device: str, threads: int) -> "DecodeSettings":
-        """These settings with the unset cap replaced by the product's default for an engine
-        on `device` with `threads` torch threads, so the cap reads 0 (every batch size) or N,
-        never None: what `engine_config` runs and what reports say was run."""
-        speculative = self.speculative_max_batch
-        if speculative is None:
-            from gravityocr.model.engine.config import speculative_max_batch_for  # the engine loads lazily
-
-            speculative = speculative_max_batch_for(device, threads) or 0
+    def resolved(self) -> "DecodeSettings":
+        """These settings with the unset cap replaced by the product's default (0: every batch
+        size), so the cap reads 0 or N, never None: what `engine_config` runs and what reports
+        say was run."""
+        speculative = 0 if self.speculative_max_batch is None else self.speculative_max_batch
         return dataclasses.replace(self, speculative_max_batch=speculative)
 
     def engine_config(self, *, device: str, dtype: "torch.dtype", threads: int, max_batch_size: int,
@@ -104,7 +100,7 @@ class DecodeSettings:
         become an `EngineConfig`, so that every command resolves the cap alike."""
         from gravityocr.model.engine.config import EngineConfig
 
-        resolved = self.resolved(device, threads)
+        resolved = self.resolved()
         return EngineConfig(max_batch_size=max_batch_size, max_seq_len=max_seq_len, block_size=self.block_size,
                             mode=self.mode, device=device, dtype=dtype, num_threads=threads,
                             speculative_max_batch=resolved.speculative_max_batch or None)
@@ -113,9 +109,9 @@ class DecodeSettings:
         """What a report says was measured: the resolved settings, the device and threads
         they were resolved for, and whether they are the ones the product decodes with by
         default there."""
-        resolved = self.resolved(device, threads)
+        resolved = self.resolved()
         return {**resolved.to_dict(), "device": device, "threads": threads,
-                "product_default": resolved == DecodeSettings().resolved(device, threads)}
+                "product_default": resolved == DecodeSettings().resolved()}
 
 
 # --- the command line ----------------------------------------------------------------------
@@ -145,9 +141,8 @@ def add_decode_arguments(parser: argparse.ArgumentParser, defaults: DecodeSettin
                             f"({_default_text(defaults.block_size, defaults_from)})")
     group.add_argument("--speculative-max-batch", type=int, default=None, metavar="N",
                        help="speculative rounds only while at most N sequences decode together, AR rounds above "
-                            "(the same text); 0: at any batch size; unset (null in a config): the device's default "
-                            "(on a CPU 4 per torch thread, where a full batch decodes faster in AR rounds; elsewhere "
-                            f"any batch size) ({_default_text(defaults.speculative_max_batch, defaults_from)})")
+                            "(the same text); 0 or unset (null in a config): at any batch size "
+                            f"({_default_text(defaults.speculative_max_batch, defaults_from)})")
     parser.set_defaults(decode_defaults=defaults)
 
 

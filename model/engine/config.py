@@ -24,20 +24,6 @@ def _usable_cpus() -> int:
     return len(os.sched_getaffinity(0))
 
 
-# Where speculative rounds stop paying on a CPU, per torch thread (more threads absorb a
-# longer pass): measured with `gravityocr bench decode` on the shipped model and data/real
-# (its reading drafts; figures in docs/decoding.md).
-CPU_SPECULATIVE_BATCH_PER_THREAD = 4
-
-
-def speculative_max_batch_for(device: str, threads: int) -> int | None:
-    """The product's default speculative cap (what an unset `DecodeSettings.speculative_max_batch`
-    stands for) on `device` with `threads` torch threads, None for every batch size: on a
-    CPU the measured crossover; elsewhere every batch size (a pass there costs about the
-    same whatever its length until the device is busy; no crossover measured yet)."""
-    return CPU_SPECULATIVE_BATCH_PER_THREAD * threads if torch.device(device).type == "cpu" else None
-
-
 @dataclass
 class EngineConfig:
     """The engine's own configuration. Commands build it from the user's decoding settings
@@ -62,10 +48,9 @@ class EngineConfig:
     # decode --no-reading-drafts` measures mask drafts beside them). Same output either way.
     reading_drafts: bool = True
     # Speculative rounds only while at most this many sequences run, plain AR rounds above
-    # (None: at any batch size). A round of B drafts costs about 2(B + 1) token positions per
-    # sequence for the ~4 it commits: nearly free where a pass costs the same whatever its
-    # length (small batches, an accelerator), a loss where a pass costs by its tokens (a CPU
-    # with a full batch; see `speculative_max_batch_for`). Same output either way.
+    # (None: at any batch size). A round's verify pass costs by its tokens on a CPU; with the
+    # shipped reader's drafts a round commits enough of them that speculation wins at every
+    # batch size measured (docs/decoding.md). Same output either way.
     speculative_max_batch: int | None = None
 
     def __post_init__(self):
