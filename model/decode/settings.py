@@ -107,8 +107,7 @@ class DecodeSettings:
 
     def report(self, device: str, threads: int) -> dict:
         """What a report says was measured: the resolved settings, the device and threads
-        they were resolved for, and whether they are the ones the product decodes with by
-        default there."""
+        they ran on, and whether they are the ones the product decodes with by default."""
         resolved = self.resolved()
         return {**resolved.to_dict(), "device": device, "threads": threads,
                 "product_default": resolved == DecodeSettings().resolved()}
