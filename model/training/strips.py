@@ -48,7 +48,6 @@ class StripTrainConfig:
     tower_weights: str = ""  # `convert_onnx` output; "" converts rapidocr's bundled file
     reading_prefix: bool = False  # the decoder also reads the classifier's text (model/network/strip_vision.py)
     reading_copy: bool = False  # and gets the reading's token at its place as input (model/decode/reading_drafts.py)
-    copy_logit_bias: float = 0.0  # added to the copy token's logit (model/network/modeling.py `output_logits`)
     # Draw items of a type in proportion to their text's length (each type keeps its share of
     # the batch): a corpus build's text items are mostly words and short lines, a page's are long.
     sample_by_length: bool = False
@@ -90,14 +89,13 @@ class StripTrainConfig:
 # --- the starting model -------------------------------------------------------------------
 
 def start_model(init_from: str | Path, tower_weights: str | Path, reading_prefix: bool = False,
-                reading_copy: bool = False, copy_logit_bias: float = 0.0) -> Recognizer:
+                reading_copy: bool = False) -> Recognizer:
     """`init_from`'s text side under a strip tower with pretrained PP-OCRv6 weights. A strip
     model's own projections are kept (training continues; one saved before the reading hint
     existed loads with the hint's projection at zero); otherwise they start fresh, the
     hint's at zero. The reading hint's classifier always comes from `tower_weights`.
     `reading_prefix` adds the reading prefix, `reading_copy` the copy path (zero at the
-    start); a model that has either keeps it. A nonzero `copy_logit_bias` sets the copying
-    model's copy bias; zero keeps the one `init_from` has."""
+    start); a model that has either keeps it."""
     source = load_recognizer(init_from)
     config = source.model.config
     continues = vision_tower_of(config) == STRIP_TOWER
@@ -109,10 +107,6 @@ def start_model(init_from: str | Path, tower_weights: str | Path, reading_prefix
         if ReadingPrefix.of(config) is None:
             raise ValueError("reading_copy needs a model with a reading prefix (reading_prefix: true)")
         config.reading_copy = True
-    if copy_logit_bias:
-        if not getattr(config, "reading_copy", False):
-            raise ValueError("copy_logit_bias needs a copying model (reading_copy: true)")
-        config.copy_logit_bias = float(copy_logit_bias)
     model = GravityOcrForConditionalGeneration(config)
     kept = {k: v for k, v in source.model.state_dict().items()
             if not k.startswith(("model.visual.", "strip_vision.reading_head."))}
@@ -310,8 +304,7 @@ def train(config: StripTrainConfig, log=print) -> Path:
         state = torch.load(checkpoint / "trainer_state.pt", weights_only=False)
     else:
         tower = Path(config.tower_weights) if config.tower_weights else default_tower_weights(output)
-        recognizer = start_model(config.init_from, tower, config.reading_prefix, config.reading_copy,
-                                 config.copy_logit_bias)
+        recognizer = start_model(config.init_from, tower, config.reading_prefix, config.reading_copy)
         state = None
     model = recognizer.model.train()
     vision = model.strip_vision
