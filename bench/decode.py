@@ -1,9 +1,10 @@
 """`gravityocr bench decode`: how much faster self-speculative decoding is than AR decoding,
 on the same weights and the same crops, by batch size and content type.
 
-Both modes run through the same `Engine`; speed is decode-only (tokens committed by
-decode rounds / wall time of those rounds: prefill and image encoding are excluded, they
-are the same work in both modes). `exact` says whether every spec output equals its AR
+Both modes run through the same `Engine`; speed is the decoder's (tokens committed / time
+in the decoder's passes, the prefill's included: where the prefill verifies a reading's
+first tokens it commits many; the vision tower is excluded, it is the same work in both
+modes). `exact` says whether every spec output equals its AR
 output. Hugging Face `generate()` greedy and prompt-lookup decoding at batch 1 on a few
 items are outside reference points ("peers"). Prints figures; never judges them.
 
@@ -49,7 +50,7 @@ class BenchItem:
 @dataclass
 class ModeRun:
     results: list[RequestResult]
-    tokens_per_second: float  # decode-only
+    tokens_per_second: float  # in the decoder's passes (EngineStats.decoder_seconds)
 
 
 # --- inputs ----------------------------------------------------------------------------
@@ -123,8 +124,8 @@ def run_mode(model, eos_ids, items: list[BenchItem], count: int, max_new_tokens:
     engine = Engine(model, config, eos_ids, draft_rules=draft_rules)
     results = engine.generate(requests)
     stats = engine.stats()
-    seconds = stats.decode_cpu_seconds if clock == "cpu" else stats.decode_seconds
-    return ModeRun(results, stats.decode_tokens / seconds if seconds else 0.0)
+    seconds = stats.decoder_seconds(clock)
+    return ModeRun(results, stats.committed_tokens / seconds if seconds else 0.0)
 
 
 def engine_variant(args) -> dict:

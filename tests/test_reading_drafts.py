@@ -62,14 +62,17 @@ def shipped():
 
 def test_reading_drafts_are_exact_and_take_fewer_passes_on_real_lines(shipped):
     processor = shipped.processor
-    items = [item for item in read_manifest(REAL) if item.type == "text"][::40]
-    prompts = [processor.encode(item.load_image(), "text") for item in items]
+    manifest = read_manifest(REAL)
+    items = [item for item in manifest if item.type == "text"][::40]
+    # a formula and a table beside them: rows that take AR steps in the same prefills and rounds
+    items += [next(item for item in manifest if item.type == kind) for kind in ("formula", "table")]
+    prompts = [processor.encode(item.load_image(), item.type) for item in items]
     budgets = [min(256, processor.output_budget(prompt)) for prompt in prompts]
     eos = processor.eos_token_ids
     with torch.no_grad():
         greedy = [greedy_decode(shipped.model, prompt, budget, set(eos)).token_ids
                   for prompt, budget in zip(prompts, budgets)]
-    passes = {}
+    passes, one_pass = {}, {}
     for reading in (True, False):
         for batch in (1, 4):  # one at a time, and rows drafting from the reading beside rows that do not
             config = EngineConfig(max_batch_size=batch, max_seq_len=2048, num_threads=1, reading_drafts=reading)
@@ -77,4 +80,9 @@ def test_reading_drafts_are_exact_and_take_fewer_passes_on_real_lines(shipped):
             results = engine.generate([Request(str(i), p, b) for i, (p, b) in enumerate(zip(prompts, budgets))])
             assert [r.token_ids for r in results] == greedy
             passes[reading, batch] = sum(r.stats.forward_passes for r in results)
+            one_pass[reading, batch] = sum(r.stats.forward_passes == 1 and len(r.token_ids) > 1 for r in results)
     assert passes[True, 1] < passes[False, 1] and passes[True, 4] < passes[False, 4]
+    # the prefill verifies the reading's first tokens: a short line read as the tower reads
+    # it ends in that one pass; mask drafts need a verify pass after the prefill
+    assert one_pass[True, 1] > 0 and one_pass[True, 4] > 0
+    assert one_pass[False, 1] == one_pass[False, 4] == 0

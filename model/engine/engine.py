@@ -1,7 +1,8 @@
 """The decoding engine: continuous batching of self-speculative (or plain AR) decoding.
 
 One `step()` is one round for every running sequence: admit waiting requests into free
-slots (one batched prefill, which also drafts each newcomer's first round), then a
+slots (one batched prefill, which also drafts each newcomer's first round, or verifies
+the first tokens of its reading where it drafts from one), then a
 speculative round for every running sequence together (a newcomer verifies its prefill's
 drafts), or one AR token each (AR mode, or a batch past EngineConfig.speculative_max_batch)
 (model/engine/rounds.py); the scheduler applies each sequence's outcome and frees the
@@ -42,20 +43,26 @@ class EngineStats:
     aborted_requests: int = 0  # dropped by `abort` before they finished (caller gone)
     committed_tokens: int = 0  # all committed tokens, prefill's first token included
     forward_passes: int = 0  # per sequence, as in DecodeStats: TPF = committed / passes
-    decode_tokens: int = 0  # tokens committed by decode rounds (not by prefill)
+    # Wall time of prefills (the vision tower included), of the vision tower, of decode
+    # rounds; and the CPU time of the whole process (all threads) in each, which unlike wall
+    # time is not inflated when other processes compete for the cores (used by the bench).
     prefill_seconds: float = 0.0
-    decode_seconds: float = 0.0  # wall time of decode rounds only
-    # CPU time of the whole process (all threads) during decode rounds: unlike wall time,
-    # not inflated when other processes compete for the cores (used by the bench).
+    encode_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    prefill_cpu_seconds: float = 0.0
+    encode_cpu_seconds: float = 0.0
     decode_cpu_seconds: float = 0.0
+
+    def decoder_seconds(self, clock: str = "wall") -> float:
+        """Time in the decoder's passes, prefills' and rounds', the vision tower excluded
+        (what speculation changes); `clock` "wall" or "cpu"."""
+        if clock == "cpu":
+            return self.prefill_cpu_seconds + self.decode_cpu_seconds - self.encode_cpu_seconds
+        return self.prefill_seconds + self.decode_seconds - self.encode_seconds
 
     def rounds_by_kind(self) -> dict[str, int]:
         """Decode rounds so far by kind (the metrics' `kind` label)."""
         return {"speculative": self.rounds - self.ar_rounds, "ar": self.ar_rounds}
-
-    @property
-    def decode_tokens_per_second(self) -> float:
-        return self.decode_tokens / self.decode_seconds if self.decode_seconds else 0.0
 
 
 class Engine:
@@ -80,7 +87,7 @@ class Engine:
         # memory anyway; on an accelerator that would cost a transfer between the two passes.
         self._structured_classic_drafts = (draft_rules is not None
                                            and torch.device(self.config.device).type == "cpu")
-        # Rounds draft from the reading prefix where the model has one: no masks in the prefill.
+        # Rounds draft from the reading prefix where the model has one, the prefill included.
         self._reading_drafts = self.config.reading_drafts and self.model.reading_prefix is not None
         self.runner = ModelRunner(self.model, self.config, self.eos_ids)
         self.scheduler = Scheduler(self.runner.cache, self.config.max_batch_size)
@@ -132,7 +139,7 @@ class Engine:
             outcomes = rounds.speculative(self.runner, running, self.config.block_size, self.config.adaptive_block,
                                           self._structured_classic_drafts, self._reading_drafts) if speculative \
                 else rounds.ar(self.runner, running)
-            self._apply(running, outcomes, in_decode=True)
+            self._apply(running, outcomes)
             elapsed = time.perf_counter() - start
             self._stats.rounds += 1
             self._stats.ar_rounds += not speculative
@@ -160,6 +167,8 @@ class Engine:
 
     def stats(self) -> EngineStats:
         self._stats.batches_run = self.runner.batched_passes
+        self._stats.encode_seconds = self.runner.encode_seconds
+        self._stats.encode_cpu_seconds = self.runner.encode_cpu_seconds
         self._stats.batch_size = len(self.scheduler.running)
         self._stats.waiting = len(self.scheduler.waiting)
         return EngineStats(**vars(self._stats))
@@ -175,28 +184,26 @@ class Engine:
     # --- one step -------------------------------------------------------------------------
 
     def _prefill(self, newcomers: list[Sequence]) -> list[Sequence]:
-        """The newcomers' prefill (drafting their first round where it is speculative); returns
-        those it finished."""
-        start = time.perf_counter()
+        """The newcomers' prefill (where it is speculative, drafting their first round or
+        verifying the first tokens of their readings); returns those it finished."""
+        start, cpu_start = time.perf_counter(), time.process_time()
         speculating = self.config.speculates(len(self.scheduler.running))  # newcomers are running already
-        masks = speculating and not self._reading_drafts
-        blocks = [first_block(self.config.block_size, s.max_new_tokens) if masks else 0 for s in newcomers]
-        outcomes = rounds.prefill(self.runner, newcomers, blocks)
+        blocks = [first_block(self.config.block_size, s.max_new_tokens) if speculating else 0 for s in newcomers]
+        outcomes = rounds.prefill(self.runner, newcomers, blocks, self._reading_drafts)
         elapsed = time.perf_counter() - start
         self._stats.prefill_seconds += elapsed
+        self._stats.prefill_cpu_seconds += time.process_time() - cpu_start
         for sequence in newcomers:
             sequence.timings.queue_seconds = start - sequence.added_at
             sequence.timings.prefill_seconds = elapsed
-        self._apply(newcomers, outcomes, in_decode=False)
+        self._apply(newcomers, outcomes)
         return self.scheduler.release_finished(newcomers)
 
-    def _apply(self, sequences: list[Sequence], outcomes: list[rounds.Outcome], in_decode: bool) -> None:
+    def _apply(self, sequences: list[Sequence], outcomes: list[rounds.Outcome]) -> None:
         for sequence, outcome in zip(sequences, outcomes):
             passes, committed = self.scheduler.apply(sequence, outcome)
             self._stats.forward_passes += passes
             self._stats.committed_tokens += committed
-            if in_decode:
-                self._stats.decode_tokens += committed
 
     def _result(self, sequence: Sequence) -> RequestResult:
         self._sequences.pop(sequence.request.request_id, None)

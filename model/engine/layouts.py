@@ -1,7 +1,8 @@
 """The batched passes as data: what each row feeds the decoder, where it sits, what it sees.
 
 Every pass of the engine is a `PassLayout` run by `ModelRunner.run`: the prefill of
-newcomers (image + prompt, then the masks that draft the first round), a draft pass
+newcomers (image + prompt, then the masks that draft the first round or the reading's
+first tokens to verify), a draft pass
 [x, M x b], a verify pass [y, d_2..d_b] and an AR step [x]. Rows have different cache
 lengths, prompt lengths and blocks; inputs are padded to a rectangle and the pattern gives
 each row exactly the attention the single-sequence reference (`model/decode/reference.py`) gives it,
@@ -16,7 +17,6 @@ from dataclasses import dataclass
 
 import torch
 
-from gravityocr.model.decode.reading_drafts import ReadingIndex
 from gravityocr.model.engine.sequence import Sequence
 
 
@@ -35,13 +35,8 @@ class PassLayout:
     pattern: torch.Tensor
     first_slot: int = 0
     columns: torch.Tensor | None = None  # (n, k) indices into the q new tokens
-    pixel_values: torch.Tensor | None = None  # prefill: the rows' images, concatenated
-    image_grid_thw: torch.Tensor | None = None
+    image_embeds: torch.Tensor | None = None  # prefill: what fills the rows' image placeholders
     first_positions: list[int] | None = None  # prefill: each row's first response position
-    # written by `ModelRunner.run` for a prefill of a model with a reading prefix: each row's
-    # reading with the eos, what reading drafts and copy tokens are read from
-    # (model/decode/reading_drafts.py)
-    readings: list[ReadingIndex] | None = None
     # (n, q) each position's copy token, for a model that copies its reading (NO_COPY: none)
     copy_ids: torch.Tensor | None = None
 
@@ -63,25 +58,36 @@ def running_rows(sequences: list[Sequence], cache_lengths: list[int]) -> list[in
     return [cache_lengths[slot] for slot in slots]
 
 
-def prefill_layout(model, sequences: list[Sequence], blocks: list[int], mask_id: int, pad_id: int,
-                   device: torch.device) -> PassLayout:
-    """Image + prompt of each newcomer (prompts right-padded), each followed by its
-    `blocks[i]` masks (none: 0), which see their prompt and each other. The logits wanted:
+def prefill_layout(model, sequences: list[Sequence], image_embeds: torch.Tensor, blocks: list[int],
+                   drafts: list[list[int]], mask_id: int, pad_id: int, device: torch.device) -> PassLayout:
+    """Image + prompt of each newcomer (prompts right-padded), each followed either by its
+    `blocks[i]` masks, which see their prompt and each other, or by `drafts[i]` under
+    causal attention (a verify pass of its first tokens; none: neither). The logits wanted:
     each row's last prompt token (its first response token), then its masks after the
-    first (drafts for the tokens after that one; d_1 drafts the first token itself)."""
+    first (drafts for the tokens after that one; d_1 drafts the first token itself), or
+    each of its drafts (the greedy token after it). `image_embeds`: what fills the rows'
+    image placeholders, from `ModelRunner.encode`."""
     prompts = [s.request.prompt for s in sequences]
     lengths = [p.length for p in prompts]
-    n, width = len(prompts), max(length + block for length, block in zip(lengths, blocks))
+    tails = [block if block else len(row_drafts) for block, row_drafts in zip(blocks, drafts)]
+    n, width = len(prompts), max(length + tail for length, tail in zip(lengths, tails))
     ids = torch.full((n, width), pad_id, dtype=torch.long, device=device)
     positions = torch.zeros(3, n, width, dtype=torch.long, device=device)
     first_positions = []  # rope position of each row's first response token
+    wanted = []  # per row: the positions whose logits are wanted
     for i, prompt in enumerate(prompts):
         prompt_ids = prompt.input_ids.to(device)
         rope, first = model.rope_positions(prompt_ids, prompt.image_grid_thw.to(device))
-        ids[i, :prompt.length] = prompt_ids[0]
-        ids[i, prompt.length:prompt.length + blocks[i]] = mask_id
-        positions[:, i, :prompt.length] = rope[:, 0]
-        positions[:, i, prompt.length:] = first + torch.arange(width - prompt.length, device=device)
+        length = prompt.length
+        ids[i, :length] = prompt_ids[0]
+        if blocks[i]:
+            ids[i, length:length + blocks[i]] = mask_id
+            wanted.append([length - 1] + list(range(length + 1, length + blocks[i])))
+        else:
+            ids[i, length:length + len(drafts[i])] = torch.tensor(drafts[i], dtype=torch.long, device=device)
+            wanted.append(list(range(length - 1, length + len(drafts[i]))))
+        positions[:, i, :length] = rope[:, 0]
+        positions[:, i, length:] = first + torch.arange(width - length, device=device)
         first_positions.append(first)
     slots = [s.slot for s in sequences]
     if slots != list(range(slots[0], slots[0] + n)):
@@ -91,14 +97,14 @@ def prefill_layout(model, sequences: list[Sequence], blocks: list[int], mask_id:
     query, key = t[None, :, None], t[None, None, :]
     start, end = length_tensor[:, None, None], (length_tensor + block_tensor)[:, None, None]
     is_mask = (query >= start) & (query < end)
-    # the prompt causal; the masks see the prompt and each other; padding what is before it
+    # the prompt and drafts causal; the masks see the prompt and each other; padding what is before it
     pattern = torch.where(is_mask, key < end, key <= query)
     # Logits only where needed: over whole prompts they would be rows x width x vocabulary.
-    columns = (length_tensor - 1)[:, None] + torch.cat(
-        [torch.zeros(1, dtype=torch.long, device=device), torch.arange(2, max(max(blocks), 1) + 1, device=device)])
-    return PassLayout(ids, positions, [0] * n, pattern, first_slot=slots[0], columns=columns.clamp(max=width - 1),
-                      pixel_values=torch.cat([p.pixel_values for p in prompts]),
-                      image_grid_thw=torch.cat([p.image_grid_thw for p in prompts]), first_positions=first_positions)
+    # Rows with fewer wanted positions repeat their last one; its logits are not read.
+    k = max(len(row) for row in wanted)
+    columns = _as_tensor([row + row[-1:] * (k - len(row)) for row in wanted], device)
+    return PassLayout(ids, positions, [0] * n, pattern, first_slot=slots[0], columns=columns,
+                      image_embeds=image_embeds, first_positions=first_positions)
 
 
 def draft_layout(last_tokens: torch.Tensor, x_positions: torch.Tensor, past: list[int], blocks: torch.Tensor,

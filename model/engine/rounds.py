@@ -1,4 +1,5 @@
-"""The engine's rounds as passes: the prefill of newcomers, a self-speculative round (draft
+"""The engine's rounds as passes: the prefill of newcomers (which verifies the first tokens
+of a reading where it drafts from one), a self-speculative round (draft
 pass, verify pass, accept the longest agreeing prefix and the bonus token; a sequence that
 drafts from its reading prefix verifies without a draft pass) and an AR round,
 for many sequences at once. Each returns one `Outcome` per sequence, which the scheduler
@@ -15,7 +16,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gravityocr.model.decode.reading_drafts import DRAFTED_TASKS, ReadingIndex
+from gravityocr.model.decode.reading_drafts import DRAFTED_TASKS, NO_COPY, ReadingIndex
+from gravityocr.model.decode.reference import accepted_prefix
 from gravityocr.model.decode.structured_drafts import kept_to_structure
 from gravityocr.model.engine.layouts import ar_layout, draft_layout, prefill_layout, running_rows, verify_layout
 from gravityocr.model.engine.runner import ModelRunner
@@ -38,16 +40,42 @@ class Outcome:
     first_position: int | None = None  # the prefill's: rope position of the first response token
 
 
-def prefill(runner: ModelRunner, sequences: list[Sequence], blocks: list[int]) -> list[Outcome]:
-    """Image + prompt of each newcomer into its slot, with `blocks[i]` masks after it (0: no
-    drafts); each gets its first response token and drafts for the tokens after it, and (a
-    model with a reading prefix) the reading later rounds draft and copy from."""
-    layout = prefill_layout(runner.model, sequences, blocks, runner.mask_id, runner.pad_id, runner.device)
+def prefill(runner: ModelRunner, sequences: list[Sequence], blocks: list[int], from_reading: bool) -> list[Outcome]:
+    """Image + prompt of each newcomer into its slot; each gets its first response token.
+    A row with `blocks[i]` (0: no drafts) drafts for the tokens after it: with
+    `from_reading`, a row that drafts from its reading verifies up to `blocks[i] - 1` of its
+    reading's first tokens in this same pass (a line the decoder reads as the tower does
+    may end here, in one pass), the others masks, whose drafts the first round verifies.
+    A model with a reading prefix also gives each row the reading later rounds draft and
+    copy from."""
+    model = runner.model
+    image_embeds, readings = runner.encode([s.request.prompt for s in sequences])
+    drafts = [[] for _ in sequences]
+    if from_reading and readings is not None:
+        drafts = [reading.drafts([], block - 1) if block and s.request.prompt.task in DRAFTED_TASKS else []
+                  for s, reading, block in zip(sequences, readings, blocks)]
+        blocks = [0] * len(sequences)
+    layout = prefill_layout(model, sequences, image_embeds, blocks, drafts, runner.mask_id, runner.pad_id,
+                            runner.device)
+    if model.copies_reading:  # each row's last prompt position predicts its first token, its drafts the next
+        layout.copy_ids = torch.full_like(layout.ids, NO_COPY)
+        for i, (sequence, reading, row_drafts) in enumerate(zip(sequences, readings, drafts)):
+            start = sequence.prompt_len - 1
+            layout.copy_ids[i, start:start + 1 + len(row_drafts)] = torch.tensor(
+                reading.copy_row(row_drafts, 0, 1 + len(row_drafts)), device=runner.device)
     rows = runner.run(layout).argmax(-1).tolist()  # the one device-to-host transfer
-    readings = layout.readings or [None] * len(sequences)
-    return [Outcome([row[0]], kv_length=sequence.prompt_len, drafts=row[1:block], first_position=first,
-                    reading=reading)
-            for sequence, row, block, reading, first in zip(sequences, rows, blocks, readings, layout.first_positions)]
+    outcomes = []
+    for sequence, row, block, row_drafts, reading, first in zip(sequences, rows, blocks, drafts,
+                                                                 readings or [None] * len(sequences),
+                                                                 layout.first_positions):
+        if row_drafts:  # verified here: the accepted drafts and the bonus token
+            a = accepted_prefix(row_drafts, row)
+            outcomes.append(Outcome(row_drafts[:a] + [row[a]], kv_length=sequence.prompt_len + a, accepted=a,
+                                    first_position=first, reading=reading))
+        else:
+            outcomes.append(Outcome([row[0]], kv_length=sequence.prompt_len, drafts=row[1:block],
+                                    first_position=first, reading=reading))
+    return outcomes
 
 
 def speculative(runner: ModelRunner, sequences: list[Sequence], block_size: int, adaptive: bool,

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import time
+
 import torch
 
-from gravityocr.model.decode.reading_drafts import NO_COPY, ReadingIndex, reading_with_eos
+from gravityocr.model.decode.reading_drafts import ReadingIndex, reading_with_eos
 from gravityocr.model.engine.config import EngineConfig
 from gravityocr.model.engine.kv_cache import SlotKVCache, rows_attention_mask
 from gravityocr.model.engine.layouts import PassLayout
+from gravityocr.model.network.processor import EncodedPrompt
 
 
 class ModelRunner:
@@ -24,6 +27,28 @@ class ModelRunner:
         self.reads = model.reading_prefix is not None  # a prefill also gives each row's reading
         self.eos_ids = eos_ids  # end the readings (model/decode/reading_drafts.py)
         self.batched_passes = 0
+        self.encode_seconds = 0.0  # the vision tower's wall time
+        self.encode_cpu_seconds = 0.0  # and the process's CPU time during it
+
+    @torch.no_grad()
+    def encode(self, prompts: list[EncodedPrompt]) -> tuple[torch.Tensor, list[ReadingIndex] | None]:
+        """The vision tower over the prompts' images: what fills their image placeholders
+        (all images concatenated) and, for a model with a reading prefix, each one's reading
+        with the eos (what reading drafts and copy tokens come from,
+        model/decode/reading_drafts.py); None for other models. Run before the prefill's
+        pass, so that the prefill can verify the reading's first tokens."""
+        start, cpu_start = time.perf_counter(), time.process_time()
+        pixels = torch.cat([p.pixel_values for p in prompts]).to(self.device, self.config.dtype)
+        grid = torch.cat([p.image_grid_thw for p in prompts]).to(self.device)
+        readings = [] if self.reads else None
+        image_embeds = torch.cat(self.model.encode_images(pixels, grid, readings))
+        if self.device.type == "cuda":  # its time is the tower's alone
+            torch.cuda.synchronize(self.device)
+        self.encode_seconds += time.perf_counter() - start
+        self.encode_cpu_seconds += time.process_time() - cpu_start
+        if readings is None:
+            return image_embeds, None
+        return image_embeds, [ReadingIndex(reading_with_eos(r, self.eos_ids)) for r in readings]
 
     @torch.no_grad()
     def run(self, layout: PassLayout) -> torch.Tensor:
@@ -34,19 +59,8 @@ class ModelRunner:
         read_len = max(layout.past) + q
         self.cache.plan(past, q, read_len, first_slot=layout.first_slot)
         mask = rows_attention_mask(past, layout.pattern, read_len)
-        image_embeds = None
-        if layout.pixel_values is not None:
-            pixels = layout.pixel_values.to(self.device, self.config.dtype)
-            readings = [] if self.reads else None
-            image_embeds = torch.cat(model.encode_images(pixels, layout.image_grid_thw.to(self.device), readings))
-            if readings is not None:
-                layout.readings = [ReadingIndex(reading_with_eos(r, self.eos_ids)) for r in readings]
-                if model.copies_reading:  # each row's last prompt position predicts its first token
-                    layout.copy_ids = torch.full_like(layout.ids, NO_COPY)
-                    firsts = torch.tensor([r.copy_token([]) for r in layout.readings], device=self.device)
-                    layout.copy_ids.scatter_(1, layout.columns[:, :1], firsts[:, None])
         hidden = model.model.language_model(
-            inputs_embeds=model.embed(layout.ids, image_embeds, layout.copy_ids), position_ids=layout.positions,
+            inputs_embeds=model.embed(layout.ids, layout.image_embeds, layout.copy_ids), position_ids=layout.positions,
             attention_mask=mask,
             cache=self.cache, use_cache=True,
         ).last_hidden_state
