@@ -276,16 +276,24 @@ class ProjectionLayout:
         """Whether the pieces a column gap would cut `sub` into are the cells of rows, read
         across (a grammar's names, `::=` and rules; a listing of terms and their
         descriptions), not columns read one after the other: next to a neighbour, a piece
-        with fewer lines (or a narrow one) has each line beside one of the neighbour's and
-        spans its height. Two columns of running text have about as many lines each, and
-        the shorter one ends early."""
+        with fewer lines (or a narrow one: a few line heights wide, or a third of the widest
+        piece) has each line beside one of the neighbour's and spans its height; a single
+        row is read across where one piece is wide and the others narrow (a name and `::=`
+        before their rule). Two columns of running text have about as many lines each, are
+        about as wide, and the shorter one ends early."""
         gap = max(2, int(0.3 * stats.line_height))  # a colon's dots are one line, two lines are not
         bands = [_runs(sub[:, a:b].any(axis=1), gap) for a, b in col_spans]
+        widest = max(b - a for a, b in col_spans)
+        # a piece is narrow beside its neighbour by its own measure or beside the widest: a
+        # grammar's names or a listing's terms, never a column of running text
+        narrow_piece = lambda a, b: b - a <= 3 * stats.line_height or b - a <= 0.35 * widest
+        if all(len(piece) == 1 for piece in bands):  # one row: read across where one piece is wide, the rest narrow
+            return sum(not narrow_piece(a, b) for a, b in col_spans) == 1
         if min(len(piece) for piece in bands) < 2:  # one line beside a block says nothing of rows
             return False
         for (left, right), (a, b) in zip(zip(bands, bands[1:]), zip(col_spans, col_spans[1:])):
             sparse, dense = (left, right) if len(left) <= len(right) else (right, left)
-            narrow = min(a[1] - a[0], b[1] - b[0]) <= 3 * stats.line_height
+            narrow = narrow_piece(*a) or narrow_piece(*b)
             if not (len(sparse) <= 0.75 * len(dense) or narrow):
                 return False
             if (sparse[-1][1] - sparse[0][0]) < 0.8 * (dense[-1][1] - dense[0][0]):
@@ -330,7 +338,8 @@ class ProjectionLayout:
             features = _text_features(mask, box, stats)
             if features.bands <= 3 and _touches_graphic(box, boxes, types, stats.line_height):
                 types[box] = "caption"
-            elif features.bands <= 4 and _narrow_and_centred(box, boxes, types, mask.shape[1]):
+            elif (features.bands <= 4 and _narrow_and_centred(box, boxes, types, mask.shape[1])
+                  and not _lines_of_text(mask, box, stats)):
                 types[box] = "formula"
         return [Region(box, types[box]) for box in boxes]
 
@@ -386,6 +395,17 @@ def _text_features(mask: np.ndarray, box: Box, stats: PageStats) -> _TextFeature
     stroke = float(np.median(widths)) if widths.size else stats.stroke
     return _TextFeatures(len(bands), float(np.median(bands)) / stats.line_height if bands else 0.0,
                          stroke / stats.stroke)
+
+
+def _lines_of_text(mask: np.ndarray, box: Box, stats: PageStats) -> bool:
+    """Two or more bands, each a text line high and about as high as the others: centred
+    lines of text (an author and affiliation, an address), not a display formula, whose
+    fraction bars, limits and scripts make bands of unequal heights or run its rows together."""
+    x0, y0, x1, y1 = box
+    bands = _runs(mask[y0:y1, x0:x1].any(axis=1), max(2, int(0.15 * stats.line_height)))
+    heights = [b - a for a, b in bands]
+    return (len(bands) >= 2 and max(heights) <= 1.3 * min(heights)
+            and all(0.6 * stats.line_height <= height <= 1.8 * stats.line_height for height in heights))
 
 
 def _touches_graphic(box: Box, boxes: list[Box], types: dict, line_height: float) -> bool:

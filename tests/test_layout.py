@@ -252,6 +252,63 @@ def test_a_framed_listing_and_rules_are_not_a_table_and_a_grammar_reads_across()
     assert [row[0][0] < 150 for row in pieces] == [True, True, False, True, True]  # the name first
 
 
+def test_a_grammar_whose_every_rule_has_a_name_reads_across():
+    # As Sphinx sets a grammar: `::=` right after the longest name, so the names and
+    # symbols make one column as many lines high as the rules' column, narrow beside it;
+    # and a rule alone on its row between headings (name, `::=` and rule one row of pieces).
+    face = font(24)
+    image = Image.new("RGB", (1300, 700), "white")
+    draw = ImageDraw.Draw(image)
+    draw.text((100, 60), "Constant definition", font=face, fill="black")
+    draw.text((100, 130), "py_constant", font=face, fill="black")
+    draw.text((262, 130), "::=", font=face, fill="black")
+    draw.text((330, 130), '"#@" "constant" NEWLINE identifier "=" expr NEWLINE', font=face, fill="black")
+    draw.text((100, 220), "Function definition", font=face, fill="black")
+    grammar = [("py_function", 'logic_def? "def" identifier "(" params? ")" return_type? ":"'),
+               ("params", 'param ("," param)*'), ("param", 'identifier (":" py_type)?'),
+               ("return_type", '"->" py_type')]
+    rows = []
+    for row, (name, rule) in enumerate(grammar):
+        y = 300 + 36 * row
+        draw.text((100, y), name, font=face, fill="black")
+        draw.text((262, y), "::=", font=face, fill="black")
+        draw.text((330, y), rule, font=face, fill="black")
+        rows.append(y)
+    regions = layout_page(image, ProjectionLayout(), ProjectionLines())
+    lines = [line for region in regions for line in (region.lines or [])]
+    # the single row's pieces, then the heading below it, then the grammar row by row,
+    # each row's pieces left to right
+    centres = [(line[1] + line[3]) / 2 for line in lines]
+    for (a, b), (ca, cb) in zip(zip(lines, lines[1:]), zip(centres, centres[1:])):
+        assert cb > ca + 20 or (abs(cb - ca) <= 10 and b[0] > a[2]), lines
+    row_of = [min(range(len(rows)), key=lambda r: abs(rows[r] + 12 - (line[1] + line[3]) / 2))
+              for line in lines if line[1] >= 290]
+    assert row_of == sorted(row_of) and sorted(set(row_of)) == list(range(len(rows)))
+    assert "formula" not in [r.type for r in regions]
+
+
+def test_centred_lines_of_text_are_text_and_a_centred_fraction_a_formula():
+    # an author and affiliation centred under a title have the page's line pitch and equal
+    # bands; the synthetic page's display formula (a fraction) has neither
+    face = font(24)
+    image = Image.new("RGB", (1200, 700), "white")
+    draw = ImageDraw.Draw(image)
+    for n, text in enumerate(wrap("the first paragraph of the page runs across the whole width of its column " * 3,
+                                  face, 1000)[:3]):
+        draw.text((100, 80 + 34 * n), text, font=face, fill="black")
+    for n, text in enumerate(["Vishaal Rajani & Cole Zmurchok", "University of Alberta"]):
+        draw.text((600 - face.getlength(text) / 2, 260 + 34 * n), text, font=face, fill="black")
+    for n, text in enumerate(wrap("and the second paragraph of the page runs across its column as well " * 3,
+                                  face, 1000)[:3]):
+        draw.text((100, 420 + 34 * n), text, font=face, fill="black")
+    regions = layout_page(image, ProjectionLayout(), ProjectionLines())
+    centred = [r for r in regions if 250 < r.bbox[1] < 300]
+    assert len(centred) == 1 and centred[0].type == "text" and len(centred[0].lines) == 2, regions
+    page = table_formula_page(seed=0)
+    types = [r.type for r in layout_page(page.image, ProjectionLayout(), ProjectionLines())]
+    assert types.count("formula") == page.types.count("formula") == 1
+
+
 def test_a_booktabs_table_is_one_table_region_between_its_rules():
     """A table set with booktabs rules (top, mid, bottom) and no padding between its rows:
     whitespace cuts alone part it at its rules and rows (the rules then read as lines of
