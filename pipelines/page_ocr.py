@@ -124,14 +124,18 @@ class PagePlanner:
     def plan(self, page: Page, regions: list[Region] | None = None) -> PagePlan:
         """The page laid out and cut into crops; a layout failure is the page's error.
         `regions`: the page's regions when the caller knows them (an image of one table):
-        layout (and straightening) is skipped."""
+        layout is skipped, and straightening too unless every region is the whole image."""
         start = time.perf_counter()
         error, image, rotation = None, page.image, 0.0
         try:
             mask = ink_mask(image)
-            if regions is None:  # a page: straightened if it was scanned askew, then laid out
+            whole = (0, 0, image.width, image.height)
+            if regions is None or all(region.bbox == whole for region in regions):
+                # a page, or an image that is one region (a table's): straightened if it was
+                # scanned askew (a table's rules then run along rows), its size kept
                 image, rotation = straighten(image, mask)
                 mask = ink_mask(image) if rotation else mask
+            if regions is None:  # a page is laid out
                 regions = layout_page(image, self.layout, self.lines, mask)
             tables = self._table_grids(image, mask, regions)
             line_height = PageStats.of(mask).line_height
