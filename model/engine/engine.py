@@ -41,7 +41,7 @@ class EngineStats:
     waiting: int = 0  # requests queued for a slot
     finished_requests: int = 0
     aborted_requests: int = 0  # dropped by `abort` before they finished (caller gone)
-    committed_tokens: int = 0  # all committed tokens, prefill's first token included
+    committed_tokens: int = 0  # all committed tokens, the prefills' included
     forward_passes: int = 0  # per sequence, as in DecodeStats: TPF = committed / passes
     # Wall time of prefills (the vision tower included), of the vision tower, of decode
     # rounds; and the CPU time of the whole process (all threads) in each, which unlike wall
