@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import gravityocr  # noqa: F401 - first: it sets MKL's reproducibility before torch computes
 import numpy as np
 import pytest
 import torch
