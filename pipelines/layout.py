@@ -339,7 +339,7 @@ class ProjectionLayout:
             if features.bands <= 3 and _touches_graphic(box, boxes, types, stats.line_height):
                 types[box] = "caption"
             elif (features.bands <= 4 and _narrow_and_centred(box, boxes, types, mask.shape[1])
-                  and not _lines_of_text(mask, box, stats)):
+                  and not features.lines_of_text(stats.line_height)):
                 types[box] = "formula"
         return [Region(box, types[box]) for box in boxes]
 
@@ -382,9 +382,21 @@ def _rules(profile: np.ndarray, line_height: float) -> int:
 
 @dataclass
 class _TextFeatures:
-    bands: int
+    band_heights: list[int]  # the block's bands of ink, top to bottom
     band_ratio: float  # median band height / page line height
     stroke_ratio: float  # stroke width / page stroke width
+
+    @property
+    def bands(self) -> int:
+        return len(self.band_heights)
+
+    def lines_of_text(self, line_height: float) -> bool:
+        """Two or more bands, each a text line high and about as high as the others: centred
+        lines of text (an author and affiliation, an address), not a display formula, whose
+        fraction bars, limits and scripts make bands of unequal heights or run its rows together."""
+        heights = self.band_heights
+        return (len(heights) >= 2 and max(heights) <= 1.3 * min(heights)
+                and all(0.6 * line_height <= height <= 1.8 * line_height for height in heights))
 
 
 def _text_features(mask: np.ndarray, box: Box, stats: PageStats) -> _TextFeatures:
@@ -393,19 +405,8 @@ def _text_features(mask: np.ndarray, box: Box, stats: PageStats) -> _TextFeature
     bands = [b - a for a, b in _runs(sub.any(axis=1), max(2, int(0.15 * stats.line_height)))]
     widths = _stroke_widths(sub)
     stroke = float(np.median(widths)) if widths.size else stats.stroke
-    return _TextFeatures(len(bands), float(np.median(bands)) / stats.line_height if bands else 0.0,
+    return _TextFeatures(bands, float(np.median(bands)) / stats.line_height if bands else 0.0,
                          stroke / stats.stroke)
-
-
-def _lines_of_text(mask: np.ndarray, box: Box, stats: PageStats) -> bool:
-    """Two or more bands, each a text line high and about as high as the others: centred
-    lines of text (an author and affiliation, an address), not a display formula, whose
-    fraction bars, limits and scripts make bands of unequal heights or run its rows together."""
-    x0, y0, x1, y1 = box
-    bands = _runs(mask[y0:y1, x0:x1].any(axis=1), max(2, int(0.15 * stats.line_height)))
-    heights = [b - a for a, b in bands]
-    return (len(bands) >= 2 and max(heights) <= 1.3 * min(heights)
-            and all(0.6 * stats.line_height <= height <= 1.8 * stats.line_height for height in heights))
 
 
 def _touches_graphic(box: Box, boxes: list[Box], types: dict, line_height: float) -> bool:
