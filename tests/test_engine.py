@@ -18,6 +18,7 @@ from transformers.cache_utils import DynamicCache
 from gravityocr.model.decode.attention import causal_attention_mask
 from gravityocr.model.decode.reference import greedy_decode, prefill, speculative_decode
 from gravityocr.model.engine import CacheTooLarge, Engine, EngineConfig, Request, RequestTooLong
+from gravityocr.model.engine.scheduler import PREFILL_PADDING, prefill_groups
 
 from conftest import random_image
 
@@ -181,6 +182,43 @@ def test_more_requests_than_slots_all_complete(model, eos, prompt_pool, greedy_o
     for (request, index), result in zip(requests, results):
         assert result.token_ids == expected(greedy_outputs, index, request.max_new_tokens)
     assert engine.stats().finished_requests == 10
+
+
+def test_prefill_passes_hold_prompts_of_similar_length(model, eos, prompt_pool, greedy_outputs):
+    """Newcomers take slots longest prompt first and their prefill is cut into passes
+    that pad little; every row still decodes to its greedy tokens."""
+    lengths = sorted((p.length for p in prompt_pool), reverse=True)
+    assert lengths[0] > 1.5 * lengths[-1]  # the pool mixes image sizes
+    groups = prefill_groups(lengths)
+    assert [i for group in groups for i in group] == list(range(len(lengths)))
+    for group in groups:
+        rows = [lengths[i] for i in group]
+        assert len(rows) * max(rows) <= (1 + PREFILL_PADDING) * sum(rows)
+    assert len(groups) > 1
+    # one row alone, equal rows together
+    assert prefill_groups([7]) == [range(0, 1)] and prefill_groups([5, 5, 5]) == [range(0, 3)]
+
+    requests = make_requests(12, prompt_pool)
+    engine = engine_for(model, eos, max_batch_size=64)
+    for request, _ in requests:
+        engine.add_request(request)
+    admitted = engine.scheduler.admit()
+    assert [s.request.prompt.length for s in admitted] == lengths
+    assert [s.slot for s in admitted] == list(range(len(requests)))
+    ties = [s for s in admitted if s.request.prompt.length == admitted[0].request.prompt.length]
+    assert [s.request.request_id for s in ties] == sorted((s.request.request_id for s in ties), key=lambda r: int(r[1:]))
+
+    for mode in ("spec", "ar"):
+        engine = engine_for(model, eos, max_batch_size=64, block_size=8, mode=mode)
+        for request, _ in requests:
+            engine.add_request(request)
+        results = {r.request_id: r for r in engine.step()}  # the prefill, then one round
+        if mode == "ar":  # the prefill's passes, then the round's one AR pass
+            assert engine.runner.batched_passes == len(groups) + 1
+        while engine.has_work():
+            results.update((r.request_id, r) for r in engine.step())
+        for request, index in requests:
+            assert results[request.request_id].token_ids == expected(greedy_outputs, index, request.max_new_tokens)
 
 
 def reference_kv(model, prompt, tokens: list[int]) -> DynamicCache:

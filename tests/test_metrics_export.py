@@ -102,9 +102,11 @@ EXPORT_SCRIPT = textwrap.dedent("""
         time.sleep(2)
         found = scrape()
     first = {name: sorted(labels) for name, labels in found.items()}
-    time.sleep(30)  # past Ray's gauge time-to-live (2 report intervals of 10 s)
+    # past Ray's gauge time-to-live (2 report intervals), which the refresh must outlast
+    time.sleep(3 * ray._config.metrics_report_interval_ms() / 1000)
     later = scrape()
-    print(json.dumps({"first": first, "later": sorted(later)}))
+    print(json.dumps({"first": first, "later": sorted(later),
+                      "interval_s": ray._config.metrics_report_interval_ms() / 1000}))
     ray.shutdown()
 """)
 
@@ -113,14 +115,17 @@ EXPORT_SCRIPT = textwrap.dedent("""
 @pytest.mark.timeout(300)
 def test_a_real_ray_exports_the_documented_names():
     with tempfile.TemporaryDirectory(prefix="gocr", dir="/tmp") as temp_dir:  # short: Unix socket paths
+        # Reports every 4 s instead of 10: a gauge's time-to-live (2 intervals, 8 s) still
+        # outlasts metrics.GAUGE_REFRESH_S, and the test waits 12 s for it instead of 30.
         env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32),
-               "RAY_USAGE_STATS_ENABLED": "0"}
+               "RAY_USAGE_STATS_ENABLED": "0", "RAY_metrics_report_interval_ms": "4000"}
         result = subprocess.run(
             [sys.executable, "-c", EXPORT_SCRIPT, LOOPBACK, str(free_port(LOOPBACK)), temp_dir],
             env=env, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     first, later = report["first"], set(report["later"])
+    assert report["interval_s"] == 4.0 and metrics.GAUGE_REFRESH_S < 2 * report["interval_s"]
 
     expected = set()
     for name, spec in metrics.prometheus_names().items():

@@ -26,7 +26,7 @@ from gravityocr.model.decode.draft_rules import DraftRules
 from gravityocr.model.engine import rounds
 from gravityocr.model.engine.config import EngineConfig
 from gravityocr.model.engine.runner import ModelRunner
-from gravityocr.model.engine.scheduler import Scheduler
+from gravityocr.model.engine.scheduler import Scheduler, prefill_groups
 from gravityocr.model.engine.sequence import Request, RequestResult, Sequence
 
 
@@ -189,7 +189,10 @@ class Engine:
         start, cpu_start = time.perf_counter(), time.process_time()
         speculating = self.config.speculates(len(self.scheduler.running))  # newcomers are running already
         blocks = [first_block(self.config.block_size, s.max_new_tokens) if speculating else 0 for s in newcomers]
-        outcomes = rounds.prefill(self.runner, newcomers, blocks, self._reading_drafts)
+        outcomes = []
+        for group in prefill_groups([s.request.prompt.length for s in newcomers]):
+            outcomes += rounds.prefill(self.runner, newcomers[group.start:group.stop], blocks[group.start:group.stop],
+                                       self._reading_drafts)
         elapsed = time.perf_counter() - start
         self._stats.prefill_seconds += elapsed
         self._stats.prefill_cpu_seconds += time.process_time() - cpu_start

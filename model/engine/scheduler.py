@@ -33,13 +33,17 @@ class Scheduler:
         self.waiting.append(sequence)
 
     def admit(self) -> list[Sequence]:
-        """Move waiting sequences into the free slots, oldest first."""
+        """Move waiting sequences into the free slots, oldest first; returned in slot order.
+        Among those admitted together the longest prompt takes the first slot: a prefill
+        pass over consecutive slots then holds prompts of similar length, and pads few
+        (`prefill_groups`)."""
         admitted = []
-        while self.waiting and len(self.running) < self.max_slots:
-            sequence = self.waiting.popleft()
+        while self.waiting and len(self.running) + len(admitted) < self.max_slots:
+            admitted.append(self.waiting.popleft())
+        admitted.sort(key=lambda s: s.request.prompt.length, reverse=True)  # stable: ties keep their age
+        for sequence in admitted:
             sequence.slot = len(self.running)
             self.running.append(sequence)
-            admitted.append(sequence)
         return admitted
 
     def apply(self, sequence: Sequence, outcome: Outcome) -> tuple[int, int]:
@@ -94,3 +98,25 @@ class Scheduler:
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
+
+
+# A prefill pass pads every row to its longest; rows are cut into passes while padding
+# stays under this share of a pass's real tokens (a pass's fixed cost is small beside it).
+PREFILL_PADDING = 0.1
+
+
+def prefill_groups(lengths: list[int]) -> list[range]:
+    """Consecutive rows cut into the prefill passes they run in. A pass pads its rows to
+    its longest; a row joins the pass while the padding stays within PREFILL_PADDING of
+    the pass's real tokens. Rows are independent in a pass, so the cut changes no row's
+    tokens, only the padding computed; it pays where the rows come longest first, as
+    `Scheduler.admit` orders them."""
+    groups, start, total, longest = [], 0, 0, 0
+    for i, length in enumerate(lengths):
+        if i > start and (i - start + 1) * max(longest, length) > (1 + PREFILL_PADDING) * (total + length):
+            groups.append(range(start, i))
+            start, total, longest = i, 0, 0
+        total, longest = total + length, max(longest, length)
+    if lengths:
+        groups.append(range(start, len(lengths)))
+    return groups
