@@ -23,6 +23,19 @@ from s3_endpoint import s3_endpoint  # noqa: E402,F401
 
 torch.set_num_threads(1)
 
+# Modules that start Ray (a local cluster, Serve, a batch job): one worker runs them all, one
+# at a time, so that no two clusters share the machine's ports and cores; the other tests
+# go to either worker (`--dist loadgroup` in pyproject.toml).
+RAY_MODULES = frozenset({"test_batch_job", "test_infra_prometheus", "test_metrics_export", "test_ray_cluster",
+                         "test_serve", "test_serve_cli"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.module.__name__ in RAY_MODULES:
+            item.add_marker(pytest.mark.xdist_group("ray"))
+
 # Random tiny models have nearly tied logits; with a larger init scale their logits
 # spread out, and in float64 a 33-token pass and a 1-token pass cannot round to a
 # different argmax. Exactness tests then compare the algorithm, not float noise.

@@ -14,8 +14,10 @@ fails when any of them survives.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
 
@@ -78,14 +80,16 @@ def start_local_cluster(temp_dir: str, env: dict, cluster: LocalCluster | None =
 
 
 @pytest.fixture(scope="session")
-def ray_cluster(tmp_path_factory):
+def ray_cluster():
     import ray
 
     os.environ.update(AUTH_ENV)  # the driver and every process it starts
     env = {**os.environ, **AUTH_ENV}
     cluster = LocalCluster(address="", node_resource="engine_node")
     try:
-        start_local_cluster(str(tmp_path_factory.mktemp("ray")), env, cluster)
+        # short: Ray's Unix socket paths live under it (pytest's own temporary folders, deeper
+        # still under a pytest-xdist worker, run past the 107-byte limit of a socket path)
+        start_local_cluster(tempfile.mkdtemp(prefix="gocr-ray", dir="/tmp"), env, cluster)
         ray.init(address=cluster.address, log_to_driver=False)
         deadline = time.monotonic() + 60
         while len([n for n in ray.nodes() if n["Alive"]]) < 2:
@@ -98,6 +102,7 @@ def ray_cluster(tmp_path_factory):
             ray.shutdown()
         if cluster.temp_dir:
             survivors = cluster.stop()
+            shutil.rmtree(cluster.temp_dir, ignore_errors=True)
             assert not survivors, f"processes of the test cluster survived SIGKILL: {describe(survivors)}"
 
 
