@@ -275,10 +275,11 @@ def main(argv: list[str] | None = None) -> int:
     if not pages:
         print("no pages to measure", file=sys.stderr)
         return 2
-    import torch
+    from gravityocr.model.engine.threads import reserve_for_engine
 
+    threads = reserve_for_engine()
     print(f"pages: {len(pages)} ({args.pages} synthetic, {len(pages) - args.pages} from {len(pdfs)} PDFs at "
-          f"{args.dpi:g} DPI); torch threads {torch.get_num_threads()}, cpus {len(os.sched_getaffinity(0))}")
+          f"{args.dpi:g} DPI); engine threads {threads}, cpus {len(os.sched_getaffinity(0))}")
     report: dict = {"pages": [p.name for p in pages], "layout": [], "systems": []}
 
     for name in LAYOUT_BACKENDS:

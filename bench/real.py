@@ -161,22 +161,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gravityocr bench real", description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="evaluation set (default: data/real)")
     parser.add_argument("--model", default=None, help="recogniser directory (default: the embedded model)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads of the engine (default: all the process may use)")
     parser.add_argument("--skip-peers", action="store_true")
     parser.add_argument("--skip-pages", action="store_true")
     parser.add_argument("--json", default=None, help="also write the figures here")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    import torch
-
+    from gravityocr.model.engine.threads import engine_threads, reserve_for_engine
     from gravityocr.model.network.loading import DEFAULT_MODEL_DIR, load_recognizer
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    reserve_for_engine(args.threads)
     items = read_manifest(args.data)
     lines = [item for item in items if item.type == "text"]
     pages = [] if args.skip_pages else [item for item in items if item.type == "page"]
     recognizer = load_recognizer(args.model or DEFAULT_MODEL_DIR)
-    print(f"{args.data}: {len(lines)} lines, {len(pages)} pages; torch threads {torch.get_num_threads()}")
+    print(f"{args.data}: {len(lines)} lines, {len(pages)} pages; engine threads {engine_threads()}")
     results = [ours_lines(recognizer, lines)] + ([ours_pages(recognizer, pages)] if pages else [])
     if not args.skip_peers:
         results.append(rapidocr_lines(lines))

@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
                              "also write them there)")
     parser.add_argument("--dpi", type=float, default=PageOcrConfig.dpi, help="PDF render resolution")
     parser.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads of the engine (default: all the process may use)")
     add_decode_arguments(parser, with_mode=True)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:
@@ -132,12 +132,12 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import transformers
 
+    from gravityocr.model.engine.threads import engine_threads, reserve_for_engine
     from gravityocr.pipelines.page_ocr import PageOcr
     from gravityocr.pipelines.recognizer import CropRecognizer, RecognizerConfig
 
     transformers.utils.logging.disable_progress_bar()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    reserve_for_engine(args.threads)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     started = time.perf_counter()
     recognizer = CropRecognizer.load(model_path, RecognizerConfig(decode=decode), device=device)
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     quiet = args.json == "-"
     if not quiet:
         print(f"{len(samples)} samples; model {model_path} on {device} ({load_seconds:.1f} s to load), "
-              f"mode {decode.mode}, torch threads {torch.get_num_threads()}")
+              f"mode {decode.mode}, engine threads {engine_threads()}")
         print(f"{'sample':28s} {'pages':>5s} {'score':>7s} {'seconds':>8s}")
     outcomes = []
     for sample in samples:

@@ -228,13 +228,13 @@ class PageReader:
 
     def __init__(self, model: str | None, decode: DecodeSettings, threads: int, max_new_tokens: int | None):
         import ray
-        import torch
 
+        from gravityocr.model.engine.threads import reserve_for_engine
         from gravityocr.model.network.devices import resolve_device
         from gravityocr.model.network.loading import DEFAULT_MODEL_DIR
         from gravityocr.pipelines.recognizer import CropRecognizer, RecognizerConfig
 
-        torch.set_num_threads(threads)
+        reserve_for_engine(threads)
         self.mode = decode.mode
         self.node_id = ray.get_runtime_context().get_node_id()
         settings = RecognizerConfig(decode=decode)

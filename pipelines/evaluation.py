@@ -18,7 +18,6 @@ import json
 import sys
 from dataclasses import asdict
 
-import torch
 
 from gravityocr.model.decode.settings import DecodeSettings, add_decode_arguments, decode_settings_from_args
 from gravityocr.model.evaluation.report import ItemOutcome, decode_report, evaluate, summarize
@@ -27,6 +26,7 @@ from gravityocr.model.evaluation.manifest import ManifestItem, read_manifest
 from gravityocr.model.evaluation.scores import score
 
 from gravityocr.pipelines.documents import Page
+from gravityocr.model.engine.threads import reserve_for_engine
 from gravityocr.pipelines.layout import LAYOUT_BACKENDS, LINE_SPLITTERS, Region
 from gravityocr.pipelines.page_ocr import PageOcr, PageOcrConfig
 from gravityocr.pipelines.recognizer import CropRecognizer, RecognizerConfig
@@ -93,7 +93,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--limit", type=int, help="only the first N items")
     parser.add_argument("--types", help="only these types, comma-separated (text,table,formula,page)")
     parser.add_argument("--check-exact", action="store_true", help="also decode with plain AR and compare outputs")
-    parser.add_argument("--threads", type=int, help="torch threads (default: all the process may use)")
+    parser.add_argument("--threads", type=int, help="torch threads of the engine (default: all the process may use)")
     parser.add_argument("--items", metavar="FILE", help="write per-item outcomes as JSON lines here")
     parser.add_argument("--layout", choices=LAYOUT_BACKENDS, default=PageOcrConfig.layout,
                         help="layout backend for page items (as `gravityocr ocr --layout`)")
@@ -112,8 +112,7 @@ def run(args) -> int:
         decode = decode_settings_from_args(args)
     except ValueError as error:
         raise SystemExit(f"gravityocr eval: {error}") from None
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    reserve_for_engine(args.threads)
     items = read_manifest(args.directory)
     if args.types:
         wanted = {t.strip() for t in args.types.split(",")}

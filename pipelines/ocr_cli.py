@@ -155,10 +155,12 @@ def run(args) -> int:
     import torch
     import transformers
 
+    from gravityocr.model.engine.threads import reserve_for_engine
     from gravityocr.pipelines.page_ocr import PageOcr
     from gravityocr.pipelines.recognizer import CropRecognizer, RecognizerConfig
 
     transformers.utils.logging.disable_progress_bar()  # our own bar is the one that counts pages
+    reserve_for_engine()
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         config = RecognizerConfig(decode=decode_settings_from_args(args))

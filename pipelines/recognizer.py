@@ -31,6 +31,7 @@ from gravityocr.model.decode.reference import DecodeStats, greedy_decode, specul
 from gravityocr.model.network.loading import Recognizer, load_recognizer
 from gravityocr.model.network.processor import TASK_PROMPTS, EncodedPrompt, InvalidInput
 from gravityocr.model.decode.stopping import without_loop
+from gravityocr.model.engine.threads import engine_threads
 
 if TYPE_CHECKING:
     from gravityocr.model.engine import EngineConfig, Request
@@ -117,10 +118,11 @@ class CropRecognizer:
     @functools.cached_property
     def engine_config(self) -> EngineConfig:
         """The engine's configuration: the decoding settings resolved for the model's device
-        and this process's torch threads, the config's batch and slot sizes."""
+        and the process's engine threads (model/engine/threads.py), the config's batch and
+        slot sizes."""
         model = self.recognizer.model
         return self.config.decode.engine_config(device=str(model.device), dtype=model.dtype,
-                                                threads=torch.get_num_threads(),
+                                                threads=engine_threads(),
                                                 max_batch_size=self.config.max_batch_size,
                                                 max_seq_len=self.max_seq_len)
 

@@ -295,14 +295,13 @@ class OcrService:
         self._load()
 
     def _load(self) -> None:
-        import torch
-
+        from gravityocr.model.engine.threads import reserve_for_engine
         from gravityocr.model.network.devices import resolve_device
         from gravityocr.model.network.loading import DEFAULT_MODEL_DIR, load_recognizer
         from gravityocr.pipelines.page_ocr import PageOcr, PageOcrConfig
         from gravityocr.pipelines.recognizer import CropRecognizer, RecognizerConfig
 
-        torch.set_num_threads(self.settings.threads)
+        reserve_for_engine(self.settings.threads)
         device, dtype = resolve_device(self.settings.device, self.settings.dtype)
         recognizer = load_recognizer(self.settings.model or DEFAULT_MODEL_DIR, dtype=dtype, device=device)
         config = RecognizerConfig(decode=self.settings.decode, max_batch_size=self.settings.max_batch_size,

@@ -11,6 +11,8 @@ a mismatch here means the engine's logic is wrong, not the arithmetic.
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 from transformers.cache_utils import DynamicCache
@@ -399,6 +401,64 @@ def test_loop_streams_each_rounds_tokens_before_the_result(model, eos, prompt_po
         assert max(len(c) for c in chunks.values()) > 2
     finally:
         loop.stop()
+
+
+def test_the_loop_thread_runs_torch_on_the_engine_threads_and_the_caller_on_one(model, eos, prompt_pool,
+                                                                               greedy_outputs):
+    """The engine is built and stepped on the loop's thread with its config's torch threads;
+    the thread that started the loop runs torch on one from then on (model/engine/threads.py:
+    a second multi-threaded team in the process makes GNU OpenMP's workers sleep between ops)."""
+    from gravityocr.model.engine.loop import EngineLoop
+
+    caller_threads = torch.get_num_threads()
+    seen: list[tuple[str, int]] = []
+
+    def build() -> Engine:
+        engine = engine_for(model, eos, max_batch_size=2, block_size=8, num_threads=2)
+        seen.append((threading.current_thread().name, torch.get_num_threads()))
+        return engine
+
+    try:
+        loop = EngineLoop(build, on_step=lambda stats, finished: seen.append(
+            (threading.current_thread().name, torch.get_num_threads())))
+        try:
+            assert torch.get_num_threads() == 1
+            result = loop.submit(Request("a", prompt_pool[0], REFERENCE_MAX_NEW)).result(60)
+            assert result.token_ids == expected(greedy_outputs, 0, REFERENCE_MAX_NEW)
+        finally:
+            loop.stop()
+        assert len(seen) >= 2 and set(seen) == {("engine-loop", 2)}
+    finally:
+        torch.set_num_threads(caller_threads)
+
+
+def test_a_loop_whose_engine_cannot_be_built_raises_on_the_caller():
+    from gravityocr.model.engine.loop import EngineLoop
+
+    def build() -> Engine:
+        raise ValueError("max_seq_len 9999 exceeds the model's context")
+
+    with pytest.raises(ValueError, match="exceeds the model's context"):
+        EngineLoop(build)
+
+
+def test_engine_threads_are_reserved_and_work_off_the_caller_runs_on_them(monkeypatch):
+    from gravityocr.model.engine import threads
+
+    caller_threads = torch.get_num_threads()
+    monkeypatch.setattr(threads, "_reserved", None)
+    try:
+        with pytest.raises(ValueError, match="at least 1"):
+            threads.reserve_for_engine(0)
+        assert threads.reserve_for_engine(2) == 2 and threads.engine_threads() == 2
+        assert torch.get_num_threads() == 1
+        assert threads.reserve_for_engine() == 2  # a later call keeps the count
+        worker, count = threads.on_engine_thread(lambda: (threading.current_thread().name, torch.get_num_threads()))
+        assert (worker, count) == ("engine", 2) and torch.get_num_threads() == 1
+        with pytest.raises(KeyError):  # the function's error reaches the caller
+            threads.on_engine_thread(lambda: {}["missing"])
+    finally:
+        torch.set_num_threads(caller_threads)
 
 
 def test_bench_decode_prints_rows_and_peers(model, processor, tmp_path, capsys):

@@ -12,6 +12,7 @@ rounds.py     prefill, speculative round (draft, verify, accept) and AR round ->
 engine.py     Engine: add, abort, and step() = admit -> round -> apply -> release
 loop.py       EngineLoop: one engine on a thread of its own, fed by many callers (every
               CropRecognizer owns one: `ocr`, eval, the batch job's actors, serve's replicas)
+threads.py    which thread runs torch's parallel ops: the engine's (the rest run on one)
 """
 
 from gravityocr.model.engine.config import CacheTooLarge, EngineConfig, RequestTooLong

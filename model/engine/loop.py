@@ -8,6 +8,10 @@ and each caller waits on its own future. A caller that gives up cancels its futu
 compute go to requests someone still waits for. A caller that streams passes `on_tokens`:
 it is called on the loop's thread with each round's newly committed tokens, all of them
 before the future resolves.
+
+The engine is built and run on the loop's thread, which takes the process's torch threads;
+the thread that starts the loop runs torch on one thread from then on (model/engine/threads.py:
+two threads with teams of their own on the same cores halve the engine's speed).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from concurrent.futures import Future, InvalidStateError
 
 from gravityocr.model.engine.engine import Engine, EngineStats
 from gravityocr.model.engine.sequence import Request, RequestResult
+from gravityocr.model.engine.threads import release_caller_threads
 
 log = logging.getLogger(__name__)
 TokenListener = Callable[[list[int]], None]
@@ -28,12 +33,13 @@ TokenListener = Callable[[list[int]], None]
 
 class EngineLoop:
     def __init__(self, engine_factory, on_step=None):
-        """`engine_factory()` builds the engine; it is called again after a failed step, so
-        one bad batch fails only the requests that were in it. `on_step(stats, finished)` is
-        called on the loop's thread after every step (metrics)."""
+        """`engine_factory()` builds the engine on the loop's thread (its error is raised
+        here); it is called again after a failed step, so one bad batch fails only the
+        requests that were in it. `on_step(stats, finished)` is called on the loop's thread
+        after every step (metrics)."""
         self._factory = engine_factory
         self._on_step = on_step
-        self._engine: Engine = engine_factory()
+        self._engine: Engine
         # each item: the requests of one submit call, admitted in the same step
         self._incoming: queue.Queue[list[tuple[Request, Future, TokenListener | None]]] = queue.Queue()
         self._futures: dict[str, Future] = {}
@@ -42,8 +48,11 @@ class EngineLoop:
         self._stopped = threading.Event()
         self._cancelled_before_admission = 0
         self.peak_batch_size = 0  # most sequences decoded together in one round so far
-        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        built: Future = Future()  # settled once the engine is built, or with the error that building it raised
+        self._thread = threading.Thread(target=self._run, args=(built,), name="engine-loop", daemon=True)
         self._thread.start()
+        built.result()
+        release_caller_threads()
 
     def submit(self, request: Request, on_tokens: TokenListener | None = None) -> Future:
         """Queue `request` (its id is replaced by a unique one); the future resolves to its
@@ -125,7 +134,13 @@ class EngineLoop:
             else:
                 self._listeners[request_id] = (listener, len(tokens))
 
-    def _run(self) -> None:
+    def _run(self, built: Future) -> None:
+        try:
+            self._engine = self._factory()
+        except BaseException as error:  # noqa: BLE001 - raised by the constructor, on the caller's thread
+            built.set_exception(error)
+            return
+        built.set_result(None)
         while not self._stopped.is_set():
             self._admit(block=not self._engine.has_work())
             self._abort_cancelled()

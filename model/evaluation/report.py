@@ -16,10 +16,9 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-import torch
-
 from gravityocr.model.decode.settings import DecodeSettings
 from gravityocr.model.engine import Engine, Request
+from gravityocr.model.engine.threads import engine_threads, on_engine_thread
 from gravityocr.model.network.loading import Recognizer
 from gravityocr.model.evaluation.manifest import ManifestItem
 from gravityocr.model.evaluation.scores import score
@@ -78,18 +77,23 @@ def _decode_all(recognizer: Recognizer, items: list[ManifestItem], decode: Decod
         requests.append(Request(item.id, prompt, MAX_NEW_TOKENS[item.type]))
     longest = max((r.prompt.length + r.max_new_tokens for r in requests), default=2)
     model = recognizer.model
-    config = decode.engine_config(device=str(model.device), dtype=model.dtype, threads=torch.get_num_threads(),
+    config = decode.engine_config(device=str(model.device), dtype=model.dtype, threads=engine_threads(),
                                   max_batch_size=batch_size, max_seq_len=longest)
-    engine = Engine(model, config, eos_token_ids=processor.eos_token_ids, tokenizer=processor.tokenizer,
-                    draft_rules=processor.draft_rules if structured_drafts else None)
-    results = {r.request_id: r for r in engine.generate(requests)} if requests else {}
+
+    def generate() -> dict[str, object]:
+        engine = Engine(model, config, eos_token_ids=processor.eos_token_ids, tokenizer=processor.tokenizer,
+                        draft_rules=processor.draft_rules if structured_drafts else None)
+        return {r.request_id: r for r in engine.generate(requests)}
+
+    # on a thread of its own, as the page pipeline's engine runs (model/engine/threads.py)
+    results = on_engine_thread(generate) if requests else {}
     return results, errors
 
 
 def decode_report(recognizer: Recognizer, decode: DecodeSettings) -> dict:
     """What an evaluation says it measured: `decode` resolved for this model's device and
-    this process's torch threads, as the engines of `evaluate` resolve it."""
-    return decode.report(str(recognizer.model.device), torch.get_num_threads())
+    the process's engine threads, as the engines of `evaluate` resolve it."""
+    return decode.report(str(recognizer.model.device), engine_threads())
 
 
 def evaluate(recognizer: Recognizer, items: list[ManifestItem], batch_size: int = 32,
