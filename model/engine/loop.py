@@ -11,7 +11,8 @@ before the future resolves.
 
 The engine is built and run on the loop's thread, which takes the process's torch threads;
 the thread that starts the loop runs torch on one thread from then on (model/engine/threads.py:
-two threads with teams of their own on the same cores halve the engine's speed).
+two threads with OpenMP teams of their own on the same cores leave the engine's workers asleep
+between ops).
 """
 
 from __future__ import annotations

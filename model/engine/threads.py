@@ -3,11 +3,11 @@
 On a CPU, torch runs each op's parallel part on an OpenMP team that belongs to the thread
 calling it, and a team lives as long as its thread. GNU OpenMP counts the threads of all
 teams together; once they outnumber the cores, its workers stop spinning between parallel
-regions and sleep, so every op of a decoding step (thousands a page) waits for a wake-up.
+regions and sleep, so every op of a decoding step waits for a wake-up.
 The engine decodes on a thread of its own (`EngineLoop`) while the caller's thread lays
 out pages and encodes crops. If the caller's thread has ever run an op on two or more
 threads, its idle team and the engine's outnumber the cores the engine uses, and the
-engine runs at about half speed (docs/decoding.md has the figures).
+engine leaves cores idle (docs/decoding.md has the figures).
 
 So an entry point hands the process's count to the engine before its first torch op
 (`reserve_for_engine`): its own thread, and every thread started after it, run torch on
@@ -18,8 +18,8 @@ ends with it.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 import torch
@@ -58,22 +58,16 @@ def release_caller_threads() -> None:
 
 def on_engine_thread(function: Callable[..., T], *args, **kwargs) -> T:
     """`function(*args, **kwargs)` on a thread of its own that runs torch on
-    `engine_threads()`; returns its result or raises its error. The calling thread runs
-    torch on one thread afterwards."""
+    `engine_threads()` and ends before this returns; returns its result or raises its
+    error. The calling thread runs torch on one thread afterwards."""
     threads = engine_threads()
-    outcome: dict[str, object] = {}
 
-    def run() -> None:
+    def run() -> T:
         torch.set_num_threads(threads)
-        try:
-            outcome["result"] = function(*args, **kwargs)
-        except BaseException as error:  # noqa: BLE001 - handed to the caller
-            outcome["error"] = error
+        return function(*args, **kwargs)
 
-    worker = threading.Thread(target=run, name="engine")
-    worker.start()
-    worker.join()
-    release_caller_threads()
-    if "error" in outcome:
-        raise outcome["error"]  # type: ignore[misc]
-    return outcome["result"]  # type: ignore[return-value]
+    try:
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine") as worker:
+            return worker.submit(run).result()
+    finally:
+        release_caller_threads()
