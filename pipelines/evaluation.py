@@ -18,15 +18,14 @@ import json
 import sys
 from dataclasses import asdict
 
-
 from gravityocr.model.decode.settings import DecodeSettings, add_decode_arguments, decode_settings_from_args
+from gravityocr.model.engine.threads import reserve_for_engine
 from gravityocr.model.evaluation.report import ItemOutcome, decode_report, evaluate, summarize
 from gravityocr.model.network.loading import DEFAULT_MODEL_DIR, Recognizer, load_recognizer
 from gravityocr.model.evaluation.manifest import ManifestItem, read_manifest
 from gravityocr.model.evaluation.scores import score
 
 from gravityocr.pipelines.documents import Page
-from gravityocr.model.engine.threads import reserve_for_engine
 from gravityocr.pipelines.layout import LAYOUT_BACKENDS, LINE_SPLITTERS, Region
 from gravityocr.pipelines.page_ocr import PageOcr, PageOcrConfig
 from gravityocr.pipelines.recognizer import CropRecognizer, RecognizerConfig
