@@ -8,6 +8,7 @@ shutdown exits at once, killing what is left of the local Ray this command start
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal
@@ -179,21 +180,19 @@ class _Stopper:
 
 def _shutdown(ray, serve) -> None:
     """Serve (bounded by SHUTDOWN_GRACE_S), then this driver's Ray: the local Ray this
-    command started stops with it, a cluster given by --address only loses this driver."""
-    serving = None
+    command started stops with it, a cluster given by --address only loses this driver.
+
+    Serve's shutdown is awaited on this thread and cancelled at the grace, so no thread is
+    left inside a Ray call when Ray shuts down (Ray's core worker ends the process with
+    status 1 when such a call returns into a worker that is gone)."""
     if ray.is_initialized():  # else stopped while Ray was starting: only its processes to end
-        serving = threading.Thread(target=serve.shutdown, name="serve-shutdown", daemon=True)
-        serving.start()
-        serving.join(SHUTDOWN_GRACE_S)
-        if serving.is_alive():
+        try:
+            asyncio.run(asyncio.wait_for(serve.shutdown_async(), SHUTDOWN_GRACE_S))
+        except TimeoutError:
             print(f"gravityocr serve: Serve did not stop within {SHUTDOWN_GRACE_S:g} s; stopping Ray",
                   file=sys.stderr, flush=True)
     ray.shutdown(wait_for_processes=True)
     _end_orphans()
-    if serving is not None and serving.is_alive():  # blocked in a call to a Ray that is gone: not waited on
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
 
 
 # Ray names the session dir of a Ray it starts session_<date>_<time>_<microseconds>_<pid of
