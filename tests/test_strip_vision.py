@@ -143,6 +143,21 @@ def biased_recognizer(copying_recognizer):
     return Recognizer(model, copying_recognizer.processor)
 
 
+@pytest.fixture(scope="module")
+def joint_recognizer(copying_recognizer):
+    """The copying model decoding one-strip lines jointly with its classifier's CTC prefix
+    scores (config `ctc_prefix_weight`, model/decode/ctc_prefix.py), its classifier made
+    confident (random weights of a larger scale), so the CTC term changes what it writes."""
+    import copy
+
+    model = copy.deepcopy(copying_recognizer.model)
+    model.config.ctc_prefix_weight = 2.0
+    torch.manual_seed(3)
+    with torch.no_grad():
+        model.strip_vision.reading_head.weight.normal_(std=1.0)
+    return Recognizer(model, copying_recognizer.processor)
+
+
 def test_the_model_saves_and_loads_with_its_tower_and_processor(strip_recognizer, tmp_path):
     model = strip_recognizer.model
     assert vision_tower_of(model.config) == STRIP_TOWER and not hasattr(model.model, "visual")
@@ -240,7 +255,8 @@ def test_an_unknown_vision_tower_is_refused(tokenizer):
         GravityOcrForConditionalGeneration(config)
 
 
-@pytest.mark.parametrize("recognizer_name", ["strip_recognizer", "copying_recognizer", "biased_recognizer"])
+@pytest.mark.parametrize("recognizer_name",
+                         ["strip_recognizer", "copying_recognizer", "biased_recognizer", "joint_recognizer"])
 def test_every_decoding_path_is_exact_with_the_strip_tower(recognizer_name, request):
     recognizer = request.getfixturevalue(recognizer_name)
     model, processor = recognizer.model, recognizer.processor
@@ -384,3 +400,30 @@ def test_the_copy_bias_is_in_training_and_every_decoding_path_and_changes_the_re
     rows = torch.nonzero(copies >= 0)[:, 0]
     expected[rows, copies[rows]] += 3.0
     torch.testing.assert_close(logits, expected)
+
+
+def test_joint_decoding_scores_one_strip_lines_only_and_changes_what_greedy_writes(joint_recognizer,
+                                                                                    copying_recognizer):
+    """A one-strip text line is decoded jointly (its scorer's choice, not the argmax), a
+    two-strip crop and a table by plain argmax; the CTC term changes what greedy writes."""
+    from transformers.cache_utils import DynamicCache
+
+    from gravityocr.model.decode.reference import prefill
+
+    model, processor = joint_recognizer.model, joint_recognizer.processor
+    eos = set(processor.eos_token_ids)
+    line = processor.encode(render([TEXT[:20]], 20, 3), "text")
+    two_lines = processor.encode(render(["a two-line", "crop"], 20, 5), "text")
+    table = processor.encode(render([TEXT[:20]], 20, 3), "table")
+    with torch.no_grad():
+        starts = {name: prefill(model, prompt, DynamicCache(config=model.config.text_config), eos)
+                  for name, prompt in (("line", line), ("two_lines", two_lines), ("table", table))}
+        assert starts["line"].scorer is not None and starts["line"].scorer.weight == 2.0
+        assert starts["two_lines"].scorer is None and starts["table"].scorer is None
+        prompts = [processor.encode(render([TEXT[:n]], 20, 3), "text") for n in (8, 20, 41)]
+        joint = [greedy_decode(model, prompt, 16, eos).token_ids for prompt in prompts]
+        plain = [greedy_decode(copying_recognizer.model, prompt, 16, eos).token_ids for prompt in prompts]
+        assert joint != plain
+        # a two-strip crop reads as the model without the CTC term reads it
+        assert greedy_decode(model, two_lines, 16, eos).token_ids == \
+            greedy_decode(copying_recognizer.model, two_lines, 16, eos).token_ids

@@ -13,8 +13,10 @@ The first round needs no draft pass: the prefill runs B masks after the prompt (
 the image and prompt and each other, as a block at the start of the response does in
 training), so it yields the first token y_0 and drafts for the tokens after it, and the
 first round is a verify pass [y_0, drafts] alone.
-Every committed token is the argmax of the causal model given the committed tokens
-before it, so the output equals greedy AR decoding of the same weights.
+Every committed token is the greedy choice of the causal model given the committed tokens
+before it (the argmax; on a one-strip text line of a model with `ctc_prefix_weight`, the
+joint CTC/attention choice, model/decode/ctc_prefix.py), so the output equals greedy AR
+decoding of the same weights.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from gravityocr.model.decode.attention import causal_attention_mask, draft_attention_mask
+from gravityocr.model.decode.ctc_prefix import CTCPrefixScorer, greedy_tokens, line_scorer
 from gravityocr.model.network.modeling import GravityOcrForConditionalGeneration
 from gravityocr.model.network.processor import EncodedPrompt
 from gravityocr.model.decode.stopping import stop_reason
@@ -90,6 +93,8 @@ class Prefill:
     draft_logits: torch.Tensor  # the masks' after the first (none without masks)
     # a model that copies its reading: the reading (with the eos) its copy tokens come from
     reading: ReadingIndex | None = None
+    # a line decoded jointly with its CTC prefix scores (model/decode/ctc_prefix.py)
+    scorer: CTCPrefixScorer | None = None
 
 
 @torch.no_grad()
@@ -99,13 +104,15 @@ def prefill(model: GravityOcrForConditionalGeneration, prompt: EncodedPrompt, ca
     prompt at the first response positions: they see the prompt and each other, the prompt
     never sees them, and only the prompt's KV is kept; their logits for the tokens after the
     first one are the drafts (the first mask drafts the first token, which the prompt's
-    last logits give exactly). `eos_ids`: what ends the reading a copying model copies from."""
+    last logits give exactly). `eos_ids`: what ends the reading a copying model copies from,
+    and a line decoded jointly with its CTC prefix scores."""
     device = model.device
     input_ids = prompt.input_ids.to(device)
     length = input_ids.shape[1]
     readings: list = []
+    frames: list = []
     image_embeds = torch.cat(model.encode_images(prompt.pixel_values.to(device), prompt.image_grid_thw.to(device),
-                                                 readings))
+                                                 readings, frames))
     reading = ReadingIndex(reading_with_eos(readings[0], frozenset(eos_ids))) \
         if model.copies_reading and readings else None
     positions, next_position = model.rope_positions(input_ids, prompt.image_grid_thw.to(device))
@@ -123,7 +130,8 @@ def prefill(model: GravityOcrForConditionalGeneration, prompt: EncodedPrompt, ca
     logits = model.logits_from_embeds(embeds, positions, mask[None, None], cache, copy_ids)
     if block:
         cache.crop(-block)
-    return Prefill(logits[0, length - 1], next_position, logits[0, length + 1:], reading)
+    scorer = line_scorer(model, frames[0] if frames else None, prompt.task, eos_ids)
+    return Prefill(logits[0, length - 1], next_position, logits[0, length + 1:], reading, scorer)
 
 
 def _step(model, token_ids: list[int], first_position: int, mask: torch.Tensor, cache: DynamicCache,
@@ -158,10 +166,10 @@ def greedy_decode(model, prompt: EncodedPrompt, max_new_tokens: int, eos_ids: se
     check_length(prompt, max_new_tokens, model)
     cache = DynamicCache(config=model.config.text_config)
     start = prefill(model, prompt, cache, eos_ids)
-    position, reading = start.next_position, start.reading
+    position, reading, scorer = start.next_position, start.reading, start.scorer
     sequence = _Sequence(eos_ids, max_new_tokens, prompt.task)
     stats = DecodeStats(forward_passes=1)
-    sequence.commit([int(start.logits.argmax())])
+    sequence.commit(greedy_tokens(start.logits[None], scorer, [], 0))
     while not sequence.finished:
         past = cache.get_seq_length()
         k = len(sequence.tokens)
@@ -169,7 +177,7 @@ def greedy_decode(model, prompt: EncodedPrompt, max_new_tokens: int, eos_ids: se
                        cache, _copies(reading, sequence.tokens, k, 1))
         stats.forward_passes += 1
         stats.ar_rounds += 1
-        sequence.commit([int(logits[-1].argmax())])
+        sequence.commit(greedy_tokens(logits[-1:], scorer, sequence.tokens, k))
     stats.committed_tokens = len(sequence.tokens)
     return DecodeResult(sequence.tokens, stats, sequence.finish_reason or "length")
 
@@ -185,18 +193,19 @@ def speculative_decode(model, prompt: EncodedPrompt, max_new_tokens: int, eos_id
         raise ValueError(f"block_size must be at least 2, got {block_size}")
     cache = DynamicCache(config=model.config.text_config)
     start = prefill(model, prompt, cache, eos_ids, first_block(block_size, max_new_tokens))
-    position, reading = start.next_position, start.reading
+    position, reading, scorer = start.next_position, start.reading, start.scorer
     sequence = _Sequence(eos_ids, max_new_tokens, prompt.task,
                          draft_rules.shape_for(prompt.task) if draft_rules else None)
     stats = DecodeStats(forward_passes=1)
-    sequence.commit([int(start.logits.argmax())])
+    sequence.commit(greedy_tokens(start.logits[None], scorer, [], 0))
     drafts = kept_to_structure(sequence.shape, start.draft_logits.argmax(-1).tolist())
     if not sequence.finished and drafts:  # the first round: verify [y_0, drafts], no draft pass
         verify_logits = _step(model, sequence.tokens + drafts, position,
                               causal_attention_mask(cache.get_seq_length(), 1 + len(drafts), model.device), cache,
                               _copies(reading, sequence.tokens + drafts, 1, 1 + len(drafts)))
         stats.forward_passes += 1
-        _accept(sequence, stats, cache, drafts, verify_logits.argmax(-1).tolist())
+        _accept(sequence, stats, cache, drafts,
+                greedy_tokens(verify_logits, scorer, sequence.tokens + drafts, len(sequence.tokens)))
     mask_id = model.mask_token_id
     while not sequence.finished:
         x_position = position + len(sequence.tokens) - 1
@@ -210,7 +219,7 @@ def speculative_decode(model, prompt: EncodedPrompt, max_new_tokens: int, eos_id
                              _copies(reading, sequence.tokens, len(sequence.tokens), 1 + block))
         cache.crop(-block)  # keep x only
         stats.forward_passes += 1
-        y = int(draft_logits[0].argmax())
+        y = greedy_tokens(draft_logits[:1], scorer, sequence.tokens, len(sequence.tokens))[0]
         sequence.commit([y])
         if sequence.finished:
             stats.accepted_per_round.append(0)
@@ -221,7 +230,8 @@ def speculative_decode(model, prompt: EncodedPrompt, max_new_tokens: int, eos_id
                               causal_attention_mask(past + 1, 1 + len(drafts), model.device), cache,
                               _copies(reading, sequence.tokens + drafts, len(sequence.tokens), 1 + len(drafts)))
         stats.forward_passes += 1
-        _accept(sequence, stats, cache, drafts, verify_logits.argmax(-1).tolist())
+        _accept(sequence, stats, cache, drafts,
+                greedy_tokens(verify_logits, scorer, sequence.tokens + drafts, len(sequence.tokens)))
     stats.committed_tokens = len(sequence.tokens)
     return DecodeResult(sequence.tokens, stats, sequence.finish_reason or "length")
 

@@ -7,7 +7,9 @@ applies; none of them changes a sequence or the cache's bookkeeping.
 
 The same steps as the single-sequence reference (`model/decode/reference.py`), batched: a speculative
 round has one device-to-host transfer, at its end (on a CPU a second one keeps a formula's
-drafts to structure between the two passes, where the drafts are host memory anyway).
+drafts to structure between the two passes, where the drafts are host memory anyway). A
+line decoded jointly with its CTC prefix scores (model/decode/ctc_prefix.py) takes its
+greedy tokens on the host, from its rows of the logits.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gravityocr.model.decode.ctc_prefix import CTCPrefixScorer
 from gravityocr.model.decode.reading_drafts import DRAFTED_TASKS, NO_COPY, ReadingIndex
 from gravityocr.model.decode.reference import accepted_prefix
 from gravityocr.model.decode.structured_drafts import kept_to_structure
@@ -38,6 +41,7 @@ class Outcome:
     drafts: list[int] = field(default_factory=list)  # drafts for the next round (the prefill's)
     reading: ReadingIndex | None = None  # the prefill's: the reading (with its eos) drafts and copies come from
     first_position: int | None = None  # the prefill's: rope position of the first response token
+    scorer: CTCPrefixScorer | None = None  # the prefill's: where the line is decoded jointly
 
 
 def prefill(runner: ModelRunner, sequences: list[Sequence], blocks: list[int], from_reading: bool) -> list[Outcome]:
@@ -49,7 +53,7 @@ def prefill(runner: ModelRunner, sequences: list[Sequence], blocks: list[int], f
     A model with a reading prefix also gives each row the reading later rounds draft and
     copy from."""
     model = runner.model
-    image_embeds, readings = runner.encode([s.request.prompt for s in sequences])
+    image_embeds, readings, scorers = runner.encode([s.request.prompt for s in sequences])
     drafts = [[] for _ in sequences]
     if from_reading and readings is not None:
         drafts = [reading.drafts([], block - 1) if block and s.request.prompt.task in DRAFTED_TASKS else []
@@ -63,18 +67,22 @@ def prefill(runner: ModelRunner, sequences: list[Sequence], blocks: list[int], f
             start = sequence.prompt_len - 1
             layout.copy_ids[i, start:start + 1 + len(row_drafts)] = torch.tensor(
                 reading.copy_row(row_drafts, 0, 1 + len(row_drafts)), device=runner.device)
-    rows = runner.run(layout).argmax(-1).tolist()  # the one device-to-host transfer
+    logits = runner.run(layout)
+    rows = logits.argmax(-1).tolist()  # the one device-to-host transfer
+    for i, scorer in enumerate(scorers):
+        if scorer is not None:  # the first token, and the greedy token after each reading draft
+            committed = 1 + len(drafts[i])
+            rows[i][:committed] = scorer.choose(logits[i, :committed], drafts[i], 0)
     outcomes = []
-    for sequence, row, block, row_drafts, reading, first in zip(sequences, rows, blocks, drafts,
-                                                                 readings or [None] * len(sequences),
-                                                                 layout.first_positions):
+    for sequence, row, block, row_drafts, reading, first, scorer in zip(
+            sequences, rows, blocks, drafts, readings or [None] * len(sequences), layout.first_positions, scorers):
         if row_drafts:  # verified here: the accepted drafts and the bonus token
             a = accepted_prefix(row_drafts, row)
             outcomes.append(Outcome(row_drafts[:a] + [row[a]], kv_length=sequence.prompt_len + a, accepted=a,
-                                    first_position=first, reading=reading))
+                                    first_position=first, reading=reading, scorer=scorer))
         else:
             outcomes.append(Outcome([row[0]], kv_length=sequence.prompt_len, drafts=row[1:block],
-                                    first_position=first, reading=reading))
+                                    first_position=first, reading=reading, scorer=scorer))
     return outcomes
 
 
@@ -111,6 +119,9 @@ def speculative(runner: ModelRunner, sequences: list[Sequence], block_size: int,
         draft_logits = runner.run(layout)
         # d_1 drafts y's own position: drafts are d_2..d_width
         y, drafts = draft_logits[:, 0].argmax(-1), draft_logits[:, 2:].argmax(-1)
+        for i, (s, d) in enumerate(zip(sequences, came_with)):
+            if s.scorer is not None and d is None:  # y is committed: the line's greedy choice
+                y[i] = s.scorer.choose(draft_logits[i, :1], s.tokens, len(s.tokens))[0]
         if structured:
             drafts, block_sizes = _kept_to_structure(sequences, came_with, y, drafts, block_sizes, runner.pad_id)
         if given is not None:
@@ -120,14 +131,22 @@ def speculative(runner: ModelRunner, sequences: list[Sequence], block_size: int,
     # after x, or at x for a row verifying from x (x's KV is written again)
     verify_past = [cached + (1 if d is None else 0) for cached, d in zip(past, came_with)]
     layout = verify_layout(y, drafts, x_positions + 1 - has_drafts.long(), verify_past)
-    if copies:  # input i of a row predicts the token after its text up to that input
+    scored = any(s.scorer is not None for s in sequences)
+    if copies or scored:  # input i of a row predicts the token after its text up to that input
         # a row that came with drafts has them on the host; only rows drafted here need theirs
         drafted = layout.ids.tolist() if any(d is None for d in came_with) else None
         texts = [s.tokens + d if d is not None else s.tokens + drafted[i]
                  for i, (s, d) in enumerate(zip(sequences, came_with))]
         firsts = [len(s.tokens) + (d is None) for s, d in zip(sequences, came_with)]
+    if copies:
         layout.copy_ids = _copy_ids([s.reading for s in sequences], texts, firsts, width, device)
-    predictions = runner.run(layout).argmax(-1)
+    verify_logits = runner.run(layout)
+    predictions = verify_logits.argmax(-1)
+    if scored:  # a jointly decoded line's greedy tokens, over its block
+        for i, (s, block) in enumerate(zip(sequences, block_sizes.tolist())):
+            if s.scorer is not None:
+                predictions[i, :block] = torch.tensor(s.scorer.choose(verify_logits[i, :block], texts[i], firsts[i]),
+                                                      device=device)
     in_block = torch.arange(width - 1, device=device)[None, :] < (block_sizes - 1)[:, None]
     agrees = (drafts == predictions[:, :-1]) & in_block
     accepted = agrees.long().cumprod(1).sum(1)  # longest agreeing prefix
@@ -153,7 +172,11 @@ def ar(runner: ModelRunner, sequences: list[Sequence]) -> list[Outcome]:
     if runner.model.copies_reading:
         layout.copy_ids = _copy_ids([s.reading for s in sequences], [s.tokens for s in sequences],
                                     [len(s.tokens) for s in sequences], 1, device)
-    tokens = runner.run(layout)[:, 0].argmax(-1).tolist()
+    logits = runner.run(layout)[:, 0]
+    tokens = logits.argmax(-1).tolist()
+    for i, s in enumerate(sequences):
+        if s.scorer is not None:
+            tokens[i] = s.scorer.choose(logits[i:i + 1], s.tokens, len(s.tokens))[0]
     return [Outcome([token], kv_length=cached + 1, ar=True) for token, cached in zip(tokens, past)]
 
 

@@ -6,6 +6,7 @@ import time
 
 import torch
 
+from gravityocr.model.decode.ctc_prefix import CTCPrefixScorer, line_scorer
 from gravityocr.model.decode.reading_drafts import ReadingIndex, reading_with_eos
 from gravityocr.model.engine.config import EngineConfig
 from gravityocr.model.engine.kv_cache import SlotKVCache, rows_attention_mask
@@ -31,24 +32,29 @@ class ModelRunner:
         self.encode_cpu_seconds = 0.0  # and the process's CPU time during it
 
     @torch.no_grad()
-    def encode(self, prompts: list[EncodedPrompt]) -> tuple[torch.Tensor, list[ReadingIndex] | None]:
+    def encode(self, prompts: list[EncodedPrompt]) -> tuple[torch.Tensor, list[ReadingIndex] | None,
+                                                            list[CTCPrefixScorer | None]]:
         """The vision tower over the prompts' images: what fills their image placeholders
-        (all images concatenated) and, for a model with a reading prefix, each one's reading
+        (all images concatenated); for a model with a reading prefix, each one's reading
         with the eos (what reading drafts and copy tokens come from,
-        model/decode/reading_drafts.py); None for other models. Run before the prefill's
-        pass, so that the prefill can verify the reading's first tokens."""
+        model/decode/reading_drafts.py), None for other models; and each one's CTC prefix
+        scorer where its line is decoded jointly (model/decode/ctc_prefix.py). Run before
+        the prefill's pass, so that the prefill can verify the reading's first tokens."""
         start, cpu_start = time.perf_counter(), time.process_time()
         pixels = torch.cat([p.pixel_values for p in prompts]).to(self.device, self.config.dtype)
         grid = torch.cat([p.image_grid_thw for p in prompts]).to(self.device)
         readings = [] if self.reads else None
-        image_embeds = torch.cat(self.model.encode_images(pixels, grid, readings))
+        frames: list = []
+        image_embeds = torch.cat(self.model.encode_images(pixels, grid, readings, frames))
         if self.device.type == "cuda":  # its time is the tower's alone
             torch.cuda.synchronize(self.device)
         self.encode_seconds += time.perf_counter() - start
         self.encode_cpu_seconds += time.process_time() - cpu_start
+        scorers = [line_scorer(self.model, frames[i] if frames else None, prompt.task, self.eos_ids)
+                   for i, prompt in enumerate(prompts)]
         if readings is None:
-            return image_embeds, None
-        return image_embeds, [ReadingIndex(reading_with_eos(r, self.eos_ids)) for r in readings]
+            return image_embeds, None, scorers
+        return image_embeds, [ReadingIndex(reading_with_eos(r, self.eos_ids)) for r in readings], scorers
 
     @torch.no_grad()
     def run(self, layout: PassLayout) -> torch.Tensor:

@@ -71,6 +71,8 @@ class Scheduler:
             sequence.first_position = outcome.first_position
         if outcome.reading is not None:
             sequence.reading = outcome.reading
+        if outcome.scorer is not None:
+            sequence.scorer = outcome.scorer
         self.cache.keep(sequence.slot, outcome.kv_length)
         return passes, len(sequence.tokens) - before
 

@@ -8,6 +8,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from gravityocr.model.decode.ctc_prefix import CTCPrefixScorer
 from gravityocr.model.decode.reading_drafts import ReadingIndex
 from gravityocr.model.decode.reference import DecodeStats
 from gravityocr.model.network.processor import EncodedPrompt
@@ -59,6 +60,8 @@ class Sequence:
     # what the vision tower read, followed by the eos (set by the prefill of a model with a
     # reading prefix): what reading drafts and copy tokens come from (model/decode/reading_drafts.py)
     reading: ReadingIndex | None = None
+    # a line decoded jointly with its CTC prefix scores (set by the prefill; model/decode/ctc_prefix.py)
+    scorer: CTCPrefixScorer | None = None
 
     @property
     def prompt_len(self) -> int:

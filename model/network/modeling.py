@@ -96,6 +96,12 @@ class GravityOcrForConditionalGeneration(GlmOcrForConditionalGeneration):
         return ReadingPrefix.of(self.config)
 
     @property
+    def ctc_prefix_weight(self) -> float:
+        """Weight of the CTC prefix score in the greedy choice on one-strip text lines
+        (config `ctc_prefix_weight`, model/decode/ctc_prefix.py); 0: plain argmax."""
+        return float(getattr(self.config, "ctc_prefix_weight", 0.0) or 0.0)
+
+    @property
     def copies_reading(self) -> bool:
         """Whether `embed` takes copy tokens (config `reading_copy`, a model with a reading prefix)."""
         return hasattr(self, "reading_copy")
@@ -107,22 +113,25 @@ class GravityOcrForConditionalGeneration(GlmOcrForConditionalGeneration):
     # --- the three primitives used by training and decoding -------------------------
 
     def encode_images(self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor,
-                      readings: list | None = None) -> list[torch.Tensor]:
+                      readings: list | None = None, frames: list | None = None) -> list[torch.Tensor]:
         """Vision tower: one tensor of visual-token embeddings per image (for a strip model
         with a reading prefix, followed by the prefix's token embeddings). With `readings`
         (a list), a strip model with a reading prefix appends each image's reading to it
-        (token ids, model/network/strip_vision.py)."""
+        (token ids, model/network/strip_vision.py). With `frames` (a list), a strip model
+        appends per image its classifier's (frames, vocab + 1) log-probabilities, one frame
+        per 8 px, for a one-strip image (None for a taller one): what joint decoding scores
+        (model/decode/ctc_prefix.py)."""
         if hasattr(self, "strip_vision"):
             return self.embed_strip_features(self.strip_vision.token_features(pixel_values, image_grid_thw),
-                                             image_grid_thw, readings)
+                                             image_grid_thw, readings, frames)
         output = self.model.get_image_features(pixel_values, image_grid_thw, return_dict=True)
         return list(output.pooler_output)
 
     def embed_strip_features(self, features: list[torch.Tensor], image_grid_thw: torch.Tensor,
-                             readings: list | None = None) -> list[torch.Tensor]:
+                             readings: list | None = None, frames: list | None = None) -> list[torch.Tensor]:
         """The strip tower's token features (one tensor per image) -> what fills each image's
         placeholders: projected visual tokens, then the reading prefix (model/network/strip_vision.py).
-        `readings`: as in `encode_images`."""
+        `readings`, `frames`: as in `encode_images`."""
         from gravityocr.model.network.strip_vision import MERGE
 
         prefix = self.reading_prefix
@@ -130,6 +139,9 @@ class GravityOcrForConditionalGeneration(GlmOcrForConditionalGeneration):
         for features_of_image, (_, grid_h, grid_w) in zip(features, image_grid_thw.tolist()):
             logits = self.strip_vision.reading_logits(features_of_image)
             visual = self.strip_vision.project(features_of_image, logits)
+            if frames is not None:
+                one_strip = grid_h // MERGE == 1
+                frames.append(logits.float().reshape(-1, logits.shape[-1]).log_softmax(-1) if one_strip else None)
             if prefix is not None:
                 rows, columns = grid_h // MERGE, grid_w // MERGE
                 read = self.strip_vision.reading(logits, rows, columns, prefix)
