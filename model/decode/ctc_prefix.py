@@ -11,7 +11,7 @@ where h is the text committed so far and ψ(h + c) is the CTC prefix probability
 probability, summed over every alignment of the classifier's frames, that the line's reading
 starts with h + c (for the eos: that it is exactly h). This is the joint CTC/attention
 decoding of speech recognition (Watanabe et al. 2017, "Hybrid CTC/Attention Architecture for
-End-to-End Speech Recognition", the CTC prefix score of its section III.B), kept greedy. The
+End-to-End Speech Recognition", and its CTC prefix score), kept greedy. The
 CTC term needs no alignment of its own: it knows where on the line a prefix ends, which is
 what the decoder loses on long lines that repeat a pattern; the decoder keeps what the
 classifier cannot (its language, its corrections).

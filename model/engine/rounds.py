@@ -51,7 +51,7 @@ def prefill(runner: ModelRunner, sequences: list[Sequence], blocks: list[int], f
     reading's first tokens in this same pass (a line the decoder reads as the tower does
     may end here, in one pass), the others masks, whose drafts the first round verifies.
     A model with a reading prefix also gives each row the reading later rounds draft and
-    copy from."""
+    copy from, and a line decoded jointly its CTC prefix scorer (model/decode/ctc_prefix.py)."""
     model = runner.model
     image_embeds, readings, scorers = runner.encode([s.request.prompt for s in sequences])
     drafts = [[] for _ in sequences]
