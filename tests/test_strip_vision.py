@@ -57,6 +57,20 @@ def test_one_line_reads_the_same_at_any_scale_and_margin():
     assert max(shapes) / min(shapes) < 1.15
 
 
+def test_a_faint_line_is_one_strip_centred_on_its_grey_ink():
+    """A scan's faint line (no pixel darker than mid-grey) is found by its own paper/ink
+    threshold: one strip, its ink placed as the same line's in black ink."""
+    processor = StripImageProcessor()
+    black = render([TEXT], 28, 12)
+    faint = Image.fromarray((150 + np.asarray(black.convert("L")).astype(np.float32) * (90 / 255)).astype(np.uint8))
+    assert np.asarray(faint).min() >= 140
+    strips = {name: processor.strips(image) for name, image in (("black", black), ("faint", faint))}
+    assert strips["black"].shape[0] == 1 and strips["faint"].shape == strips["black"].shape
+    ink_rows = lambda strip: (strip.mean(dim=0) < strip.mean(dim=0).amax() - 0.1).any(dim=1).nonzero()[:, 0]
+    assert abs(int(ink_rows(strips["faint"][0])[0]) - int(ink_rows(strips["black"][0])[0])) <= 1
+    assert abs(int(ink_rows(strips["faint"][0])[-1]) - int(ink_rows(strips["black"][0])[-1])) <= 1
+
+
 def test_a_dot_leader_line_is_scaled_by_its_letters_not_its_dots():
     """A table-of-contents line is mostly dots: its scale is its letters', so it stays one
     strip at the size of the same words without the leader."""

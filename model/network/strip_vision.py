@@ -65,6 +65,7 @@ MERGE = 2  # the 2x2 merge GLM-OCR's grid counts in (image_grid_thw is in unmerg
 STEPS_PER_TOKEN = CELL_WIDTH // 8  # the neck's steps are 8 px apart
 FEATURES_PER_STEP = 120 + 384
 FEATURES_PER_TOKEN = FEATURES_PER_STEP * STEPS_PER_TOKEN
+INK_LEVEL = 128  # a pixel darker than this is ink
 
 
 @dataclass
@@ -127,8 +128,21 @@ class StripImageProcessor:
         return self.glyph_height / median
 
     @staticmethod
-    def _ink_band(gray: np.ndarray) -> int:
-        rows = np.nonzero((gray < 128).any(axis=1))[0]
+    def _ink_rows(gray: np.ndarray) -> np.ndarray:
+        """Indices of the rows that hold ink: pixels darker than mid-grey; in a crop with
+        none that dark (a faint scan's grey text), darker than Otsu's threshold between its
+        paper and its ink, as `scale_for` finds glyphs."""
+        import cv2
+
+        dark = gray < INK_LEVEL
+        if not dark.any():
+            threshold, _ = cv2.threshold(gray, 0, 255, cv2.THRESH_BINARY + cv2.THRESH_OTSU)
+            dark = gray < threshold
+        return np.nonzero(dark.any(axis=1))[0]
+
+    @classmethod
+    def _ink_band(cls, gray: np.ndarray) -> int:
+        rows = cls._ink_rows(gray)
         return int(rows[-1] - rows[0] + 1) if rows.size else gray.shape[0]
 
     def strips(self, image: Image.Image) -> torch.Tensor:
@@ -150,7 +164,7 @@ class StripImageProcessor:
         width = min(width, self.max_width)
         height = min(height, IMAGE_HEIGHT + STRIP_STRIDE * (self.max_rows - 1))
         bgr = cv2.resize(np.ascontiguousarray(rgb[:, :, ::-1]), (width, height), interpolation=cv2.INTER_LINEAR)
-        ink_rows = np.nonzero((cv2.cvtColor(bgr, cv2.COLOR_BGR2GRAY) < 128).any(axis=1))[0]
+        ink_rows = self._ink_rows(cv2.cvtColor(bgr, cv2.COLOR_BGR2GRAY))
         top, bottom = (int(ink_rows[0]), int(ink_rows[-1]) + 1) if ink_rows.size else (0, height)
         if bottom - top <= IMAGE_HEIGHT:  # one line: centre its ink in one strip
             centre = (top + bottom) // 2
