@@ -110,7 +110,7 @@ def prefill(model: GravityOcrForConditionalGeneration, prompt: EncodedPrompt, ca
     input_ids = prompt.input_ids.to(device)
     length = input_ids.shape[1]
     readings: list = []
-    frames: list = []
+    frames = [] if model.ctc_prefix_weight else None  # only a model that scores lines needs them
     image_embeds = torch.cat(model.encode_images(prompt.pixel_values.to(device), prompt.image_grid_thw.to(device),
                                                  readings, frames))
     reading = ReadingIndex(reading_with_eos(readings[0], frozenset(eos_ids))) \

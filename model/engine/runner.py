@@ -44,7 +44,7 @@ class ModelRunner:
         pixels = torch.cat([p.pixel_values for p in prompts]).to(self.device, self.config.dtype)
         grid = torch.cat([p.image_grid_thw for p in prompts]).to(self.device)
         readings = [] if self.reads else None
-        frames: list = []
+        frames = [] if self.model.ctc_prefix_weight else None  # only a model that scores lines needs them
         image_embeds = torch.cat(self.model.encode_images(pixels, grid, readings, frames))
         if self.device.type == "cuda":  # its time is the tower's alone
             torch.cuda.synchronize(self.device)
