@@ -11,6 +11,12 @@ the image shows:
   than it draws (CMSY's angle brackets come out as "h" and "i");
 - one baseline and one font size, characters left to right (no sub- or superscripts);
 - the crop holds ink.
+A word space is in the label whether the PDF draws a space character, pdfium infers one, or
+neither: some producers (groff's bash manual) move the pen past a space without drawing a
+character, and pdfium does not always infer it. So two drawn glyphs whose advance boxes lie
+`WORD_GAP_IN_FONT_SIZES` or more apart are read with a space between them: within a word the
+advance boxes touch (kerns move them by hundredths of an em), while the narrowest interword
+space of TeX's fonts is 0.222 em and groff's 0.25 em.
 A page becomes a page item when every one of its segments passes; its text is the
 segments in the text layer's order, one per line.
 """
@@ -37,6 +43,7 @@ from gravityocr.corpus.items import CorpusItem, Source
 _MATH_FONT = re.compile(r"CMSY|CMMI|CMEX|CMBSY|MSAM|MSBM|LMMATH|MATH|SYMBOL|EUFM|EUSM|EUEX|RSFS|WASY|STMARY|"
                         r"DINGBAT|ZAPF|MNSYMBOL|ESINT|TXSY|PXSY|TXEX|PXEX", re.IGNORECASE)
 _SOFT_HYPHENS = {"\u00ad", "\u0002", "\u2010", "\u2011"}
+WORD_GAP_IN_FONT_SIZES = 0.2
 
 
 @lru_cache(maxsize=1)
@@ -51,6 +58,7 @@ def vocabulary() -> frozenset[str]:
 class Glyph:
     char: str
     box: tuple[float, float, float, float]  # left, bottom, right, top in PDF points
+    advance: tuple[float, float]  # left and right of the glyph's advance (pdfium's loose box)
     font: str
     size: float
     generated: bool  # a space or line break pdfium inferred, not drawn
@@ -82,12 +90,14 @@ class TextConfig:
 def _glyphs(text_page: pdfium.PdfTextPage) -> list[Glyph]:
     buffer = ctypes.create_string_buffer(128)
     flags = ctypes.c_int()
+    loose = pdfium_c.FS_RECTF()
     glyphs = []
     for index in range(text_page.count_chars()):
         code = pdfium_c.FPDFText_GetUnicode(text_page, index)
         pdfium_c.FPDFText_GetFontInfo(text_page, index, buffer, len(buffer), ctypes.byref(flags))
         font = buffer.value.decode("latin-1").split("+")[-1]
-        glyphs.append(Glyph(chr(code), tuple(text_page.get_charbox(index)), font,
+        pdfium_c.FPDFText_GetLooseCharBox(text_page, index, loose)
+        glyphs.append(Glyph(chr(code), tuple(text_page.get_charbox(index)), (loose.left, loose.right), font,
                             float(pdfium_c.FPDFText_GetFontSize(text_page, index)),
                             bool(pdfium_c.FPDFText_IsGenerated(text_page, index))))
     return glyphs
@@ -128,8 +138,15 @@ def _split_at_gaps(line: list[Glyph], gap_in_font_sizes: float) -> list[list[Gly
 def _label(glyphs: list[Glyph]) -> tuple[str, bool]:
     """The segment's text and whether every character is in the vocabulary."""
     chars = []
-    for position, glyph in enumerate(glyphs):
+    previous = None  # the last glyph drawn, when no space has come since
+    for glyph in glyphs:
         char = glyph.char
+        if glyph.generated or char.isspace():
+            previous = None
+        else:
+            if previous is not None and glyph.advance[0] - previous.advance[1] >= WORD_GAP_IN_FONT_SIZES * max(glyph.size, 1.0):
+                chars.append(" ")
+            previous = glyph
         if char in _SOFT_HYPHENS:
             char = "-"
         elif char in "\u00a0\u2002\u2003\u2009\u202f":

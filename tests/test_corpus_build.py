@@ -247,3 +247,43 @@ def test_a_page_whose_size_is_inherited_from_the_page_tree_is_cropped_at_its_lin
     assert sorted(crops["own"]) == sorted(crops["inherited"]) == sorted(LINES)
     for text, image in crops["own"].items():
         assert np.array_equal(image, crops["inherited"][text]), text
+
+
+def _pdf_with_one_page(content: bytes) -> bytes:
+    """A one-page PDF (Times-Roman as /F1) whose page draws `content`."""
+    objects = [b"<< /Type /Catalog /Pages 2 0 R >>",
+               b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+               b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R "
+               b"/Resources << /Font << /F1 5 0 R >> >> >>",
+               b"<< /Length %d >>\nstream\n" % len(content) + content + b"\nendstream",
+               b"<< /Type /Font /Subtype /Type1 /BaseFont /Times-Roman >>"]
+    out = bytearray(b"%PDF-1.4\n")
+    offsets = []
+    for number, body in enumerate(objects, 1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n" % number + body + b"\nendobj\n"
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    out += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref)
+    return bytes(out)
+
+
+def test_a_word_space_drawn_as_character_spacing_is_in_the_label(tmp_path):
+    """Ghostscript's PDF of a groff manual (bash's) justifies a line by character spacing: the
+    space after "they" is 2.5 pt of Tc on the "y", no space character, and pdfium infers none.
+    The label has the space the image shows; letter spacing of a twentieth of an em inside a
+    word adds none."""
+    import pypdfium2 as pdfium
+
+    docs = tmp_path / "usr/share/doc/groff-like"
+    docs.mkdir(parents=True)
+    # "values the" is 40.27 pt wide in Times-Roman at 10 pt; "y" and "h" are 5 pt each
+    (docs / "manual.pdf").write_bytes(_pdf_with_one_page(
+        b"BT /F1 10 Tf 100 700 Td (values the) Tj 2.5 Tc 40.27 0 Td (yh) Tj 0 Tc 12.5 0 Td (ad prior to it.) Tj ET "
+        b"BT /F1 10 Tf 100 670 Td (all) Tj 0.5 Tc 15 0 Td (kerned) Tj 0 Tc ( words.) Tj ET"))
+    document = pdfium.PdfDocument(docs / "manual.pdf")
+    assert "theyhad" in document[0].get_textpage().get_text_range()  # the case this test is about
+    document.close()
+    items = list(line_items(UnpackedPackage("groff-like", tmp_path, "MIT"), seed=1))
+    assert sorted(item.text for item in items) == ["all kerned words.", "values they had prior to it."]
