@@ -102,10 +102,11 @@ def ours_pages(recognizer, items: list[ManifestItem]) -> Figures:
         figures.scores.append(score("page", result.text(include_furniture=True), item.text))
         tokens += sum(region.stats["committed_tokens"] for region in result.regions if region.stats)
         passes += sum(region.stats["forward_passes"] for region in result.regions if region.stats)
-    stats = engine["stats"]
-    figures.extra = {"tpf": round(tokens / max(1, passes), 3),
-                     "tower_seconds_per_item": round(stats.encode_seconds / len(items), 4),
-                     "decoder_seconds_per_item": round(stats.decoder_seconds() / len(items), 4)}
+    figures.extra = {"tpf": round(tokens / max(1, passes), 3)}
+    stats = engine.get("stats")  # none when the engine read no crop
+    if stats is not None:
+        figures.extra["tower_seconds_per_item"] = round(stats.encode_seconds / len(items), 4)
+        figures.extra["decoder_seconds_per_item"] = round(stats.decoder_seconds() / len(items), 4)
     return figures
 
 

@@ -15,8 +15,8 @@ A word space is in the label whether the PDF draws a space character, pdfium inf
 neither: some producers (groff's bash manual) move the pen past a space without drawing a
 character, and pdfium does not always infer it. So two drawn glyphs whose advance boxes lie
 `WORD_GAP_IN_FONT_SIZES` or more apart are read with a space between them: within a word the
-advance boxes touch (kerns move them by hundredths of an em), while the narrowest interword
-space of TeX's fonts is 0.222 em and groff's 0.25 em.
+advance boxes touch (kerns move them by hundredths of an em), while an interword space of
+TeX's and groff's fonts is wider than a fifth of an em (docs/corpus.md).
 A page becomes a page item when every one of its segments passes; its text is the
 segments in the text layer's order, one per line.
 """
