@@ -166,47 +166,99 @@ def run_ours(pages: list[BenchPage], recognizer, config, mode: str, args) -> Sys
 
 # --- peers --------------------------------------------------------------------------------
 
-def run_rapidocr(pages: list[BenchPage]) -> SystemFigures:
-    figures = SystemFigures("rapidocr (PP-OCRv6)")
-    try:
+class PageReader:
+    """A peer reading whole pages: made on the pages (untimed preparation and warm-up), then
+    `read(i)` gives page i's text; a context manager that frees what it prepared."""
+
+    name: str
+
+    def read(self, index: int) -> str:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> "PageReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class RapidOcrPages(PageReader):
+    """rapidocr (its bundled PP-OCRv6 models) reading whole pages; sessions loaded and warmed
+    up on the first page when made. ImportError without rapidocr."""
+
+    name = "rapidocr (PP-OCRv6)"
+
+    def __init__(self, pages: list[BenchPage]):
         import numpy as np
         from rapidocr import RapidOCR
-    except ImportError:
-        figures.skipped = "rapidocr is not installed (pip install -e .)"
-        return figures
-    engine = RapidOCR(params={"Global.log_level": "warning"})
-    engine(np.asarray(pages[0].image)[:, :, ::-1])  # warm-up: sessions and first-run allocations
+
+        self._bgr = [np.ascontiguousarray(np.asarray(page.image)[:, :, ::-1]) for page in pages]
+        self._engine = RapidOCR(params={"Global.log_level": "warning"})
+        self._engine(self._bgr[0])  # warm-up: sessions and first-run allocations
+
+    def read(self, index: int) -> str:
+        return "\n".join(self._engine(self._bgr[index]).txts or ())
+
+
+class TesseractPages(PageReader):
+    """Tesseract (its `--psm 3` page segmentation, English) reading whole pages, one process a
+    page, from PNGs written when made. FileNotFoundError without the binary."""
+
+    name = "tesseract"
+
+    def __init__(self, pages: list[BenchPage]):
+        self._binary = shutil.which("tesseract")
+        if self._binary is None:
+            raise FileNotFoundError("tesseract is not installed (apt-get install -y tesseract-ocr)")
+        version = subprocess.run([self._binary, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
+        self.name = version.strip() or "tesseract"
+        self._directory = tempfile.TemporaryDirectory()
+        self._paths = []
+        for i, page in enumerate(pages):
+            path = Path(self._directory.name) / f"{i}.png"
+            page.image.save(path)
+            self._paths.append(path)
+
+    def read(self, index: int) -> str:
+        return subprocess.run([self._binary, str(self._paths[index]), "stdout", "-l", "eng", "--psm", "3"],
+                              capture_output=True, text=True).stdout
+
+    def close(self) -> None:
+        self._directory.cleanup()
+
+
+def _read_every_page(figures: SystemFigures, reader, pages: list[BenchPage]) -> SystemFigures:
     start = time.perf_counter()
-    for page in pages:
-        result = engine(np.asarray(page.image)[:, :, ::-1])
-        figures.texts.append("\n".join(result.txts or ()))
+    figures.texts = [reader.read(i) for i in range(len(pages))]
     figures.seconds = time.perf_counter() - start
     figures.scores = [page_similarity(text, page.truth) for text, page in zip(figures.texts, pages)]
     return figures
 
 
-def run_tesseract(pages: list[BenchPage]) -> SystemFigures:
-    figures = SystemFigures("tesseract")
-    binary = shutil.which("tesseract")
-    if binary is None:
-        figures.skipped = "tesseract is not installed (apt-get install -y tesseract-ocr)"
+def run_rapidocr(pages: list[BenchPage]) -> SystemFigures:
+    figures = SystemFigures(RapidOcrPages.name)
+    try:
+        reader = RapidOcrPages(pages)
+    except ImportError:
+        figures.skipped = "rapidocr is not installed (pip install -e .)"
         return figures
-    version = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
-    figures.name = version.strip() or "tesseract"
-    with tempfile.TemporaryDirectory() as directory:
-        paths = []
-        for i, page in enumerate(pages):
-            path = Path(directory) / f"{i}.png"
-            page.image.save(path)
-            paths.append(path)
-        start = time.perf_counter()
-        for path in paths:
-            done = subprocess.run([binary, str(path), "stdout", "-l", "eng", "--psm", "3"], capture_output=True,
-                                  text=True)
-            figures.texts.append(done.stdout)
-        figures.seconds = time.perf_counter() - start
-    figures.scores = [page_similarity(text, page.truth) for text, page in zip(figures.texts, pages)]
-    return figures
+    with reader:
+        return _read_every_page(figures, reader, pages)
+
+
+def run_tesseract(pages: list[BenchPage]) -> SystemFigures:
+    figures = SystemFigures(TesseractPages.name)
+    try:
+        reader = TesseractPages(pages)
+    except FileNotFoundError as error:
+        figures.skipped = str(error)
+        return figures
+    with reader:
+        figures.name = reader.name
+        return _read_every_page(figures, reader, pages)
 
 
 # --- layout on its own ------------------------------------------------------------------------

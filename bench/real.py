@@ -3,9 +3,9 @@
 Lines: each system reads every text-line crop of the set; score = 1 - normalised edit
 distance (whitespace folded), the evaluator's text score; speed = seconds per line one at a
 time (batch 1) and lines per second in batches of 32. Pages: each system reads every page
-image whole (ours: the page pipeline `gravityocr ocr` runs, with the engine's split of its
-time: the vision tower's and the decoder's seconds per page); score = the evaluator's page
-score. rapidocr and Tesseract read text only, so tables and formulas are not compared here
+image whole, the systems taking turns a few pages at a time (ours: the page pipeline
+`gravityocr ocr` runs, with the engine's split of its time: the vision tower's and the
+decoder's seconds per page); score = the evaluator's page score. rapidocr and Tesseract read text only, so tables and formulas are not compared here
 (`gravityocr eval data/real` scores ours on them).
 
     gravityocr bench real [--data data/real] [--model DIR] [--json FILE] [--skip-peers]
@@ -16,6 +16,7 @@ Prints figures, never passes or fails on them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import statistics
@@ -75,9 +76,27 @@ def ours_lines(recognizer, items: list[ManifestItem]) -> Figures:
     return figures
 
 
-def ours_pages(recognizer, items: list[ManifestItem]) -> Figures:
-    """The page pipeline as `gravityocr ocr` runs it (product defaults), with the engine's
-    own split of its time: the vision tower's seconds per page beside the whole page's."""
+def pages_side_by_side(recognizer, items: list[ManifestItem], peers: bool = True) -> list[Figures]:
+    """Whole pages, ours and the peers taking turns a batch of pages at a time (our page
+    pipeline's `batch_pages`), each warmed up on the first page first: a slower phase of a
+    shared machine slows every system alike, so the ratio of their seconds a page holds
+    within a run. Ours: the page pipeline as `gravityocr ocr` runs it (product defaults),
+    with the engine's own split of its time (the vision tower's and the decoder's seconds a
+    page); the peers: `gravityocr bench pages`' readers (rapidocr, Tesseract) where installed."""
+    from gravityocr.bench.pages import BenchPage, RapidOcrPages, TesseractPages
+
+    pages = [BenchPage(item.id, item.load_image(), item.text) for item in items]
+    with contextlib.ExitStack() as stack:
+        peer_readers = []
+        for make in (RapidOcrPages, TesseractPages) if peers else ():
+            try:
+                peer_readers.append(stack.enter_context(make(pages)))
+            except (ImportError, FileNotFoundError) as error:
+                print(f"{make.name}: skipped: {error}")
+        return _pages_in_turn(recognizer, items, pages, peer_readers)
+
+
+def _pages_in_turn(recognizer, items: list[ManifestItem], pages: list, peer_readers: list) -> list[Figures]:
     from gravityocr.pipelines.documents import Page
     from gravityocr.pipelines.page_ocr import PageOcr, PageOcrConfig
     from gravityocr.pipelines.recognizer import CropRecognizer
@@ -88,26 +107,43 @@ def ours_pages(recognizer, items: list[ManifestItem]) -> Figures:
         engine["stats"] = stats
 
     page_config = PageOcrConfig()
-    figures = Figures("gravityocr", "pages")
+    ours = Figures("gravityocr", "pages")
+    peer_figures = [Figures(reader.name, "pages") for reader in peer_readers]
+    texts: dict[str, list[str]] = {figures.system: [] for figures in [ours, *peer_figures]}
+    seconds = {figures.system: 0.0 for figures in [ours, *peer_figures]}
     tokens = passes = 0
     with CropRecognizer(recognizer, on_step=record) as crops:
         pipeline = PageOcr(crops, page_config)
-        results = []
-        started = time.perf_counter()
-        for start in range(0, len(items), page_config.batch_pages):
-            images = [(item.id, item.load_image()) for item in items[start:start + page_config.batch_pages]]
-            results += pipeline.read_pages([Page(name, 1, image, image.width, image.height) for name, image in images])
-        figures.seconds_per_item = (time.perf_counter() - started) / len(items)
-    for item, result in zip(items, results):
-        figures.scores.append(score("page", result.text(include_furniture=True), item.text))
-        tokens += sum(region.stats["committed_tokens"] for region in result.regions if region.stats)
-        passes += sum(region.stats["forward_passes"] for region in result.regions if region.stats)
-    figures.extra = {"tpf": round(tokens / max(1, passes), 3)}
+
+        def read_ours(batch: list) -> list:
+            return pipeline.read_pages([Page(page.name, 1, page.image, page.image.width, page.image.height)
+                                        for page in batch])
+
+        read_ours(pages[:1])  # warm-up, as the peers' readers are
+        warm_up = engine.get("stats")
+        warm_up = (warm_up.encode_seconds, warm_up.decoder_seconds()) if warm_up else (0.0, 0.0)
+        for start in range(0, len(pages), page_config.batch_pages):
+            batch = range(start, min(start + page_config.batch_pages, len(pages)))
+            started = time.perf_counter()
+            results = read_ours([pages[i] for i in batch])
+            seconds[ours.system] += time.perf_counter() - started
+            for result in results:
+                texts[ours.system].append(result.text(include_furniture=True))
+                tokens += sum(region.stats["committed_tokens"] for region in result.regions if region.stats)
+                passes += sum(region.stats["forward_passes"] for region in result.regions if region.stats)
+            for reader, figures in zip(peer_readers, peer_figures):
+                started = time.perf_counter()
+                texts[figures.system] += [reader.read(i) for i in batch]
+                seconds[figures.system] += time.perf_counter() - started
+    for figures in [ours, *peer_figures]:
+        figures.seconds_per_item = seconds[figures.system] / len(items)
+        figures.scores = [score("page", text, item.text) for text, item in zip(texts[figures.system], items)]
+    ours.extra = {"tpf": round(tokens / max(1, passes), 3)}
     stats = engine.get("stats")  # none when the engine read no crop
     if stats is not None:
-        figures.extra["tower_seconds_per_item"] = round(stats.encode_seconds / len(items), 4)
-        figures.extra["decoder_seconds_per_item"] = round(stats.decoder_seconds() / len(items), 4)
-    return figures
+        ours.extra["tower_seconds_per_item"] = round((stats.encode_seconds - warm_up[0]) / len(items), 4)
+        ours.extra["decoder_seconds_per_item"] = round((stats.decoder_seconds() - warm_up[1]) / len(items), 4)
+    return [ours, *peer_figures]
 
 
 # --- rapidocr ---------------------------------------------------------------------------------
@@ -136,24 +172,6 @@ def rapidocr_lines(items: list[ManifestItem]) -> Figures:
     figures.items_per_second_batched = len(images) / seconds
     figures.scores = [score("text", text, item.text) for text, item in zip(texts, items)]
     return figures
-
-
-def peer_pages(items: list[ManifestItem]) -> list[Figures]:
-    """rapidocr and Tesseract on whole pages, run by `gravityocr bench pages`' own runners,
-    scored here with the evaluator's page score."""
-    from gravityocr.bench.pages import BenchPage, run_rapidocr, run_tesseract
-
-    pages = [BenchPage(item.id, item.load_image(), item.text) for item in items]
-    out = []
-    for run in (run_rapidocr, run_tesseract):
-        peer = run(pages)
-        if peer.skipped:
-            print(f"{peer.name}: skipped: {peer.skipped}")
-            continue
-        figures = Figures(peer.name, "pages", seconds_per_item=peer.seconds / len(pages))
-        figures.scores = [score("page", text, item.text) for text, item in zip(peer.texts, items)]
-        out.append(figures)
-    return out
 
 
 # --- Tesseract ---------------------------------------------------------------------------------
@@ -200,15 +218,15 @@ def main(argv: list[str] | None = None) -> int:
     pages = [] if args.skip_pages else [item for item in items if item.type == "page"]
     recognizer = load_recognizer(args.model or DEFAULT_MODEL_DIR)
     print(f"{args.data}: {len(lines)} lines, {len(pages)} pages; engine threads {engine_threads()}")
-    results = [ours_lines(recognizer, lines)] + ([ours_pages(recognizer, pages)] if pages else [])
+    results = [ours_lines(recognizer, lines)]
+    if pages:
+        results += pages_side_by_side(recognizer, pages, peers=not args.skip_peers)
     if not args.skip_peers:
         results.append(rapidocr_lines(lines))
         if shutil.which("tesseract"):
             results.append(tesseract_lines(lines))
         else:
             print("tesseract: not installed (apt-get install -y tesseract-ocr)")
-        if pages:
-            results += peer_pages(pages)
     rows = [figures.row() for figures in results]
     for row in rows:
         print(json.dumps(row))
