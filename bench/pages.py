@@ -230,7 +230,7 @@ class TesseractPages(PageReader):
         self._directory.cleanup()
 
 
-def _read_every_page(figures: SystemFigures, reader, pages: list[BenchPage]) -> SystemFigures:
+def _read_every_page(figures: SystemFigures, reader: PageReader, pages: list[BenchPage]) -> SystemFigures:
     start = time.perf_counter()
     figures.texts = [reader.read(i) for i in range(len(pages))]
     figures.seconds = time.perf_counter() - start

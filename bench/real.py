@@ -97,6 +97,7 @@ def pages_side_by_side(recognizer, items: list[ManifestItem], peers: bool = True
 
 
 def _pages_in_turn(recognizer, items: list[ManifestItem], pages: list, peer_readers: list) -> list[Figures]:
+    """`pages_side_by_side` once the peers' readers are made (their preparation untimed)."""
     from gravityocr.pipelines.documents import Page
     from gravityocr.pipelines.page_ocr import PageOcr, PageOcrConfig
     from gravityocr.pipelines.recognizer import CropRecognizer
