@@ -98,6 +98,7 @@ def pages_side_by_side(recognizer, items: list[ManifestItem], peers: bool = True
 
 def _pages_in_turn(recognizer, items: list[ManifestItem], pages: list, peer_readers: list) -> list[Figures]:
     """`pages_side_by_side` once the peers' readers are made (their preparation untimed)."""
+    from gravityocr.pipelines.assembly import sum_stats
     from gravityocr.pipelines.documents import Page
     from gravityocr.pipelines.page_ocr import PageOcr, PageOcrConfig
     from gravityocr.pipelines.recognizer import CropRecognizer
@@ -112,7 +113,7 @@ def _pages_in_turn(recognizer, items: list[ManifestItem], pages: list, peer_read
     peer_figures = [Figures(reader.name, "pages") for reader in peer_readers]
     texts: dict[str, list[str]] = {figures.system: [] for figures in [ours, *peer_figures]}
     seconds = {figures.system: 0.0 for figures in [ours, *peer_figures]}
-    tokens = passes = 0
+    region_stats = []
     with CropRecognizer(recognizer, on_step=record) as crops:
         pipeline = PageOcr(crops, page_config)
 
@@ -130,8 +131,7 @@ def _pages_in_turn(recognizer, items: list[ManifestItem], pages: list, peer_read
             seconds[ours.system] += time.perf_counter() - started
             for result in results:
                 texts[ours.system].append(result.text(include_furniture=True))
-                tokens += sum(region.stats["committed_tokens"] for region in result.regions if region.stats)
-                passes += sum(region.stats["forward_passes"] for region in result.regions if region.stats)
+                region_stats += [region.stats for region in result.regions]
             for reader, figures in zip(peer_readers, peer_figures):
                 started = time.perf_counter()
                 texts[figures.system] += [reader.read(i) for i in batch]
@@ -139,7 +139,8 @@ def _pages_in_turn(recognizer, items: list[ManifestItem], pages: list, peer_read
     for figures in [ours, *peer_figures]:
         figures.seconds_per_item = seconds[figures.system] / len(items)
         figures.scores = [score("page", text, item.text) for text, item in zip(texts[figures.system], items)]
-    ours.extra = {"tpf": round(tokens / max(1, passes), 3)}
+    decoded = sum_stats(region_stats)
+    ours.extra = {"tpf": round(decoded["tokens_per_forward"], 3) if decoded else None}
     stats = engine.get("stats")  # none when the engine read no crop
     if stats is not None:
         ours.extra["tower_seconds_per_item"] = round((stats.encode_seconds - warm_up[0]) / len(items), 4)

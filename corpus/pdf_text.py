@@ -63,6 +63,11 @@ class Glyph:
     size: float
     generated: bool  # a space or line break pdfium inferred, not drawn
 
+    @property
+    def drawn(self) -> bool:
+        """Ink on the page: neither a space nor a character pdfium inferred."""
+        return not self.generated and not self.char.isspace()
+
 
 @dataclass(frozen=True)
 class Segment:
@@ -121,14 +126,13 @@ def _split_at_gaps(line: list[Glyph], gap_in_font_sizes: float) -> list[list[Gly
     # A ligature's characters share one box, so "backwards" is measured from the last left edge.
     segments, current, last = [], [], None
     for glyph in line:
-        drawn = not glyph.generated and not glyph.char.isspace()
-        if drawn and last is not None:
+        if glyph.drawn and last is not None:
             size = max(glyph.size, 1.0)
             if glyph.box[0] - last.box[2] > gap_in_font_sizes * size or glyph.box[0] < last.box[0] - 0.3 * size:
                 segments.append(current)
                 current = []
         current.append(glyph)
-        if drawn:
+        if glyph.drawn:
             last = glyph
     if current:
         segments.append(current)
@@ -141,7 +145,7 @@ def _label(glyphs: list[Glyph]) -> tuple[str, bool]:
     previous = None  # the last glyph drawn, when no space has come since
     for glyph in glyphs:
         char = glyph.char
-        if glyph.generated or char.isspace():
+        if not glyph.drawn:
             previous = None
         else:
             if previous is not None and glyph.advance[0] - previous.advance[1] >= WORD_GAP_IN_FONT_SIZES * max(glyph.size, 1.0):
@@ -157,7 +161,7 @@ def _label(glyphs: list[Glyph]) -> tuple[str, bool]:
 
 
 def _segment(glyphs: list[Glyph]) -> Segment | None:
-    drawn = [g for g in glyphs if not g.generated and not g.char.isspace()]
+    drawn = [g for g in glyphs if g.drawn]
     if not drawn:
         return None
     text, in_vocabulary = _label(glyphs)
