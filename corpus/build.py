@@ -16,6 +16,7 @@ item with its source.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import random
@@ -24,7 +25,7 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -57,7 +58,18 @@ def _table_items(package: UnpackedPackage, seed: int, limit: int | None) -> Iter
     yield from latex_table_items(package, seed + 1, limit)
 
 
-def _formula_items(package: UnpackedPackage, seed: int, limit: int | None) -> Iterator[CorpusItem]:
+def _formula_items(package: UnpackedPackage, seed: int, limit: int | None,
+                   exclude: frozenset[str] = frozenset()) -> Iterator[CorpusItem]:
+    """Display and inline math in every math font style this machine typesets, none whose target
+    is in `exclude` (what the evaluation and development packages hold: standard formulas recur
+    across manuals)."""
+    from gravityocr.corpus.formulas import formula_items
+
+    yield from formula_items(package, seed, limit, config=training_formula_config(), exclude=exclude)
+
+
+def _eval_formulas(package: UnpackedPackage, seed: int, limit: int | None) -> Iterator[CorpusItem]:
+    """Display formulas in Computer Modern (pdflatex) and mathtext: how `data/real` was made."""
     from gravityocr.corpus.formulas import formula_items
 
     yield from formula_items(package, seed, limit)
@@ -154,12 +166,21 @@ def write_manifest(output: Path) -> int:
 
 
 def build(config: BuildConfig, log=print, training: dict[str, list[str]] = TRAINING,
-          fetch: Callable[[str, Path], UnpackedPackage] = fetch_package) -> Counter:
+          fetch: Callable[[str, Path], UnpackedPackage] = fetch_package,
+          held_out: Sequence[str] | None = None) -> Counter:
     """Run (or resume) a training build; returns items written in this run, by type.
-    `training` and `fetch` name the packages and get them (sources.TRAINING and apt by default)."""
+    `training` and `fetch` name the packages and get them (sources.TRAINING and apt by default);
+    no formula target of a `held_out` package (the evaluation and development formula packages
+    by default) is written."""
     check_sources()
     written: Counter = Counter()
     seconds: Counter = Counter()
+    sources = ITEM_SOURCES
+    if "formula" in config.types:
+        if held_out is None:
+            held_out = EVALUATION["formula"] + DEVELOPMENT.get("formula", [])
+        exclude = formula_targets([fetch(check_not_reserved(name), config.cache) for name in held_out])
+        sources = {**ITEM_SOURCES, "formula": functools.partial(_formula_items, exclude=exclude)}
     for type in config.types:
         packages = config.packages or tuple(training.get(type, ()))
         for name in packages:
@@ -172,7 +193,8 @@ def build(config: BuildConfig, log=print, training: dict[str, list[str]] = TRAIN
                 if shard.exists():
                     continue
                 started = time.perf_counter()
-                items = list(unit_items(unit, package, config.seed, config.items_per_unit, config.augment_share))
+                items = list(unit_items(unit, package, config.seed, config.items_per_unit, config.augment_share,
+                                        sources))
                 _write_shard(shard, items)
                 seconds[type] += time.perf_counter() - started
                 written[type] += len(items)
@@ -188,14 +210,20 @@ def build(config: BuildConfig, log=print, training: dict[str, list[str]] = TRAIN
 # --- the evaluation set ------------------------------------------------------------------
 
 EVAL_COUNTS = {"text": 320, "page": 14, "table": 45, "formula": 66}
-DEV_COUNTS = {"text": 300}
+DEV_COUNTS = {"text": 300, "formula": 120}
+DEV_PER_UNIT = {"text": 60, "formula": 24}  # the development packages hold few formulas
 
 
 def build_eval_set(output: Path, cache: Path = DEFAULT_CACHE, seed: int = 0,
                    counts: dict[str, int] = EVAL_COUNTS, augment_share: float = 0.15, log=print,
                    evaluation: dict[str, list[str]] = EVALUATION,
-                   fetch: Callable[[str, Path], UnpackedPackage] = fetch_package) -> int:
-    """Write an evaluation manifest directory from the evaluation-side packages."""
+                   fetch: Callable[[str, Path], UnpackedPackage] = fetch_package,
+                   inline_formulas: bool = False, per_unit: dict[str, int] | None = None) -> int:
+    """Write an evaluation manifest directory from the evaluation-side packages; with
+    `inline_formulas`, formulas are drawn from inline math too (the development packages hold
+    few display formulas). `per_unit`: at most this many items of a type from one unit
+    (`_EVAL_PER_UNIT` by default)."""
+    per_unit = per_unit or _EVAL_PER_UNIT
     from gravityocr.model.evaluation.manifest import ManifestItem, save_crop_image
     from gravityocr.model.evaluation.manifest import write_manifest as write_eval_manifest
 
@@ -211,8 +239,8 @@ def build_eval_set(output: Path, cache: Path = DEFAULT_CACHE, seed: int = 0,
             package = fetch(check_not_reserved(name), cache)
             units = plan_units(package, type)
             random.Random(f"{seed}:{type}:{name}").shuffle(units)
-            streams.append(_unit_streams(units, package, seed))
-        picked = _round_robin(streams, wanted, per_unit=_EVAL_PER_UNIT[type], exclude=known)
+            streams.append(_unit_streams(units, package, seed, inline_formulas))
+        picked = _round_robin(streams, wanted, per_unit=per_unit[type], exclude=known)
         for item in picked:
             if rng.random() < augment_share:
                 item.image, item.augment = scan_like(item.image, rng)
@@ -225,9 +253,11 @@ def build_eval_set(output: Path, cache: Path = DEFAULT_CACHE, seed: int = 0,
     return len(chosen)
 
 
-def _unit_streams(units: list[Unit], package: UnpackedPackage, seed: int) -> Iterator[Iterator[CorpusItem]]:
+def _unit_streams(units: list[Unit], package: UnpackedPackage, seed: int,
+                  inline_formulas: bool = False) -> Iterator[Iterator[CorpusItem]]:
+    sources = {**_EVAL_SOURCES, "formula": _eval_inline_formulas} if inline_formulas else _EVAL_SOURCES
     for unit in units:
-        yield unit_items(unit, package, seed, None, 0.0, _EVAL_SOURCES)
+        yield unit_items(unit, package, seed, None, 0.0, sources)
 
 
 def _eval_lines(package: UnpackedPackage, seed: int, limit: int | None) -> Iterator[CorpusItem]:
@@ -242,17 +272,37 @@ def _eval_pages(package: UnpackedPackage, seed: int, limit: int | None) -> Itera
     yield from page_items(package, seed, limit, config=TextConfig(pages_per_file=400))
 
 
+def _eval_inline_formulas(package: UnpackedPackage, seed: int, limit: int | None) -> Iterator[CorpusItem]:
+    """Display and inline formulas in Computer Modern (pdflatex) and mathtext."""
+    from gravityocr.corpus.formulas import FormulaConfig, formula_items
+
+    yield from formula_items(package, seed, limit, config=FormulaConfig(inline=True))
+
+
 # Evaluation items spread over many pages: a few lines a page, every page of a file a candidate.
-_EVAL_SOURCES = {**ITEM_SOURCES, "text": _eval_lines, "page": _eval_pages}
+_EVAL_SOURCES = {**ITEM_SOURCES, "text": _eval_lines, "page": _eval_pages, "formula": _eval_formulas}
 # At most this many items from one unit of an evaluation package, so no file dominates.
 _EVAL_PER_UNIT = {"text": 60, "page": 3, "table": 8, "formula": 6}
 
 
-def training_formula_targets(cache: Path) -> set[str]:
-    from gravityocr.corpus.formulas import package_formulas
+@functools.cache
+def training_formula_config():
+    from gravityocr.corpus.formulas import FormulaConfig, available_math_styles
 
-    return {formula.target for name in TRAINING["formula"]
-            for _, formula in package_formulas(fetch_package(name, cache))}
+    return FormulaConfig(inline=True, math_styles=available_math_styles())
+
+
+def training_formula_targets(cache: Path) -> set[str]:
+    """Every target a training build can hold: what an evaluation set leaves out."""
+    return set(formula_targets([fetch_package(name, cache) for name in TRAINING["formula"]]))
+
+
+def formula_targets(packages: list[UnpackedPackage]) -> frozenset[str]:
+    """Every formula target of the packages, display and inline."""
+    from gravityocr.corpus.formulas import FormulaConfig, package_formulas
+
+    return frozenset(formula.target for package in packages
+                     for _, formula in package_formulas(package, FormulaConfig(inline=True)))
 
 
 def _round_robin(streams: list[Iterator[Iterator[CorpusItem]]], wanted: int, per_unit: int,
@@ -301,7 +351,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     if args.action == "eval-set":
         if args.development:
-            build_eval_set(args.output, args.cache, args.seed, counts=DEV_COUNTS, evaluation=DEVELOPMENT)
+            build_eval_set(args.output, args.cache, args.seed, counts=DEV_COUNTS, evaluation=DEVELOPMENT,
+                           inline_formulas=True, per_unit=DEV_PER_UNIT)
         else:
             build_eval_set(args.output, args.cache, args.seed)
         return 0

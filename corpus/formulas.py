@@ -1,9 +1,10 @@
-"""Display-formula items: formulas found in a package's LaTeX sources, rendered two ways.
+"""Formula items: formulas found in a package's LaTeX sources, rendered two ways.
 
 Extraction (`find_display_formulas`, `extract_display_math`) is pure string work: it finds
 `\\[...\\]`, `$$...$$`, `equation(*)`, `displaymath`, and the single equations of `align(*)`
 and `gather(*)` (rows split at `\\\\`, side-by-side equations at every second `&`), drops
-`\\label`, `\\tag`, `\\nonumber` and alignment `&`, and keeps a formula only when
+`\\label`, `\\tag`, `\\nonumber` and alignment `&`; with `FormulaConfig.inline` (training
+builds) inline `$...$` and `\\(...\\)` math too, set in text style. It keeps a formula only when
 
 - every command in it is a standard LaTeX / amsmath / amssymb math command (`MATH_COMMANDS`),
   every environment a standard math one (`MATH_ENVIRONMENTS`), and none of its commands or
@@ -17,7 +18,9 @@ and `gather(*)` (rows split at `\\\\`, side-by-side equations at every second `&
   matched exactly.
 
 Rendering (`formula_items`) typesets each formula as the document wrote it (`\\left`,
-`\\frac12` and all) with pdflatex, many formulas one page each per LaTeX run, and with
+`\\frac12` and all) with pdflatex in a math font style drawn from `FormulaConfig.math_styles`
+(Computer Modern alone by default; training builds draw among every style whose LaTeX packages
+this machine has, `available_math_styles`), many formulas one page each per LaTeX run, and with
 matplotlib's mathtext in a font set drawn from the seed; the item's text is the target. When
 pdflatex is among the renderers, a formula it cannot compile is dropped for every renderer, so
 each target is LaTeX that compiles. Every random choice for a formula comes from
@@ -46,6 +49,24 @@ from gravityocr.corpus.debian import UnpackedPackage, check_not_reserved
 from gravityocr.corpus.items import CorpusItem, Source
 
 MATHTEXT_FONTSETS = ("cm", "stix", "stixsans", "dejavusans", "dejavuserif")
+
+# pdflatex math font styles: name -> preamble. "cm" is LaTeX's own
+# Computer Modern, what the evaluation sets are rendered with; newtxmath brings amssymb's symbols
+# itself and refuses to load after it.
+_AMS = r"\usepackage{amsmath,amssymb}"
+MATH_STYLES = {
+    "cm": _AMS,
+    "lmodern": _AMS + r"\usepackage{lmodern}",
+    "times": r"\usepackage{amsmath}\usepackage{newtxtext,newtxmath}",
+    "palatino": _AMS + r"\usepackage{mathpazo}",
+    "libertine": r"\usepackage{amsmath}\usepackage{libertine}\usepackage[libertine]{newtxmath}",
+    "euler": _AMS + r"\usepackage{eulervm}",
+    "fourier": _AMS + r"\usepackage{fourier}",
+    "kpfonts": _AMS + r"\usepackage{kpfonts}",
+    "cmbright": _AMS + r"\usepackage{cmbright}",
+    "mathptmx": _AMS + r"\usepackage{mathptmx}",
+}
+
 
 # Commands of LaTeX's math mode, amsmath and amssymb that render the same in any document
 # loading amsmath and amssymb (without their backslash).
@@ -137,6 +158,8 @@ class FormulaConfig:
     margin_points: float = 3.0  # white margin around the ink, in points at the item's dpi
     batch: int = 64  # formulas per pdflatex run
     latex_timeout_s: float = 300.0
+    inline: bool = False  # inline math too, set in text style (training builds)
+    math_styles: tuple[str, ...] = ("cm",)  # pdflatex math font styles drawn from (MATH_STYLES)
 
 
 @dataclass(frozen=True)
@@ -144,6 +167,7 @@ class DisplayFormula:
     line: int  # 1-based line of the source where the formula starts
     latex: str  # the formula as rendered: labels, tags and alignment & removed, whitespace folded
     target: str  # canonicalize_latex(latex), a fixed point of canonicalize_latex
+    display: bool = True  # False: inline math, set in text style
 
 
 # ---------------------------------------------------------------- extraction
@@ -156,21 +180,26 @@ def extract_display_math(tex_source: str, config: FormulaConfig = FormulaConfig(
 
 def find_display_formulas(tex_source: str, config: FormulaConfig = FormulaConfig()) -> list[DisplayFormula]:
     """Every display formula (or align/gather line) of the source that passes the filters in the
-    module docstring, first occurrence of each target only."""
+    module docstring, first occurrence of each target only; with `config.inline`, then every
+    inline formula whose target no display formula of the source has."""
     text = _COMMENT.sub(r"\1", tex_source)
     defined = {name for name in _DEFINITION.findall(text)}
     line_starts = [0] + [m.end() for m in re.finditer("\n", text)]
     found: list[DisplayFormula] = []
     seen: set[str] = set()
-    for offset, body, split in _display_bodies(text):
-        for piece_offset, piece in (_equations(body) if split else [(0, body)]):
-            latex = " ".join(_DROPPED.sub(" ", piece).split())
-            target = usable_target(latex, defined, config)
-            if target is None or target in seen:
+    bodies = list(_display_bodies(text, config.inline))
+    for wanted in (True, False):  # display formulas first: an inline repeat of one is not kept
+        for offset, body, split, display in bodies:
+            if display != wanted:
                 continue
-            seen.add(target)
-            start = offset + piece_offset + (len(piece) - len(piece.lstrip()))
-            found.append(DisplayFormula(bisect.bisect_right(line_starts, start), latex, target))
+            for piece_offset, piece in (_equations(body) if split else [(0, body)]):
+                latex = " ".join(_DROPPED.sub(" ", piece).split())
+                target = usable_target(latex, defined, config)
+                if target is None or target in seen:
+                    continue
+                seen.add(target)
+                start = offset + piece_offset + (len(piece) - len(piece.lstrip()))
+                found.append(DisplayFormula(bisect.bisect_right(line_starts, start), latex, target, display))
     return found
 
 
@@ -195,10 +224,11 @@ def usable_target(latex: str, defined: set[str] = frozenset(),
     return target
 
 
-def _display_bodies(text: str) -> Iterator[tuple[int, str, bool]]:
-    """(offset, body, split into lines?) of each display in the source. Inline `$...$` is skipped
-    so that its dollars are never taken for `$$`; nothing spans a blank line (TeX refuses a
-    paragraph break in math), which resynchronises the scan after any unbalanced `$`."""
+def _display_bodies(text: str, inline: bool = False) -> Iterator[tuple[int, str, bool, bool]]:
+    """(offset, body, split into lines?, display?) of each display in the source, and with
+    `inline` of each inline `$...$` and `\\(...\\)` too. An inline `$...$` is always matched, so that
+    its dollars are never taken for `$$`; nothing spans a blank line (TeX refuses a paragraph
+    break in math), which resynchronises the scan after any unbalanced `$`."""
     tokens = list(_SOURCE_TOKEN.finditer(text))
     i = 0
     while i < len(tokens):
@@ -206,6 +236,8 @@ def _display_bodies(text: str) -> Iterator[tuple[int, str, bool]]:
         closer, split = None, False
         if token == r"\[":
             closer = r"\]"
+        elif token == r"\(":
+            closer = r"\)"
         elif token in ("$$", "$"):
             closer = token
         elif token.startswith(r"\begin{") and token[7:-1] in DISPLAY_ENVIRONMENTS:
@@ -216,12 +248,13 @@ def _display_bodies(text: str) -> Iterator[tuple[int, str, bool]]:
         j = i + 1
         while j < len(tokens):
             other = re.sub(r"\s+", "", tokens[j].group())
-            if other == closer or not other or (closer != "$" and other in (r"\[", "$$")):
+            if other == closer or not other or (closer not in ("$", r"\)") and other in (r"\[", "$$")):
                 break
             j += 1
         if j < len(tokens) and re.sub(r"\s+", "", tokens[j].group()) == closer:
-            if token != "$":
-                yield tokens[i].end(), text[tokens[i].end():tokens[j].start()], split
+            display = token not in ("$", r"\(")
+            if display or inline:
+                yield tokens[i].end(), text[tokens[i].end():tokens[j].start()], split, display
             i = j + 1
         else:
             i += 1
@@ -280,12 +313,12 @@ def _balanced(latex: str) -> bool:
 # ---------------------------------------------------------------- rendering
 
 
-def package_formulas(package: UnpackedPackage,
-                     config: FormulaConfig = FormulaConfig()) -> list[tuple[str, DisplayFormula]]:
+def package_formulas(package: UnpackedPackage, config: FormulaConfig = FormulaConfig(),
+                     exclude: frozenset[str] = frozenset()) -> list[tuple[str, DisplayFormula]]:
     """(file inside the package, formula) for each target of the package's .tex sources, first
-    occurrence in sorted file order."""
+    occurrence in sorted file order, less the targets in `exclude`."""
     check_not_reserved(package.name)
-    found, seen = [], set()
+    found, seen = [], set(exclude)
     for path in package.files(".tex"):
         data = package.read_bytes(path)
         try:
@@ -301,21 +334,22 @@ def package_formulas(package: UnpackedPackage,
 
 def formula_items(package: UnpackedPackage, seed: int, limit: int | None = None,
                   renderers: Sequence[str] = ("pdflatex", "mathtext"),
-                  config: FormulaConfig = FormulaConfig()) -> Iterator[CorpusItem]:
+                  config: FormulaConfig = FormulaConfig(), exclude: frozenset[str] = frozenset()) -> Iterator[CorpusItem]:
     """Up to `limit` formula items of the package: per formula, its pdflatex rendering and then its
-    mathtext rendering (where mathtext parses it), formulas in `package_formulas` order. The same
-    package, seed, renderers and config give the same items, image bytes included."""
+    mathtext rendering (where mathtext parses it), formulas in `package_formulas` order, none
+    whose target is in `exclude`. The same package, seed, renderers and config give the same
+    items, image bytes included."""
     unknown = set(renderers) - {"pdflatex", "mathtext"}
     if unknown:
         raise ValueError(f"unknown renderers {sorted(unknown)}: pdflatex and mathtext are known")
-    formulas = package_formulas(package, config)
+    formulas = package_formulas(package, config, exclude)
     yielded = 0
     for start in range(0, len(formulas), config.batch):
         batch = formulas[start:start + config.batch]
         choices = [_choices(seed, formula.target, config) for _, formula in batch]
         if "pdflatex" in renderers:
             latex_images = render_pdflatex([f.latex for _, f in batch], [c["latex_dpi"] for c in choices],
-                                           config)
+                                           config, [c["style"] for c in choices], [f.display for _, f in batch])
         else:
             latex_images = [None] * len(batch)
         for (file, formula), chosen, latex_image in zip(batch, choices, latex_images):
@@ -324,7 +358,8 @@ def formula_items(package: UnpackedPackage, seed: int, limit: int | None = None,
             if "pdflatex" in renderers:
                 if latex_image is None:
                     continue  # not LaTeX that compiles: no target for any renderer
-                made.append((latex_image, "pdflatex", chosen["latex_dpi"]))
+                style = "" if chosen["style"] == "cm" else f"-{chosen['style']}"
+                made.append((latex_image, f"pdflatex{style}", chosen["latex_dpi"]))
             if "mathtext" in renderers:
                 image = render_mathtext(formula.latex, chosen["fontset"], chosen["mathtext_points"],
                                         chosen["mathtext_dpi"], config)
@@ -342,46 +377,64 @@ def _choices(seed: int, target: str, config: FormulaConfig) -> dict:
     """Every random choice for one formula, drawn in a fixed order from a generator of its own."""
     rng = random.Random(f"{seed}/{target}")
     return {"latex_dpi": rng.randint(*config.dpi), "fontset": rng.choice(MATHTEXT_FONTSETS),
-            "mathtext_points": rng.randint(*config.mathtext_points), "mathtext_dpi": rng.randint(*config.dpi)}
+            "mathtext_points": rng.randint(*config.mathtext_points), "mathtext_dpi": rng.randint(*config.dpi),
+            "style": rng.choice(config.math_styles)}
+
+
+def available_math_styles() -> tuple[str, ...]:
+    """The MATH_STYLES this machine's TeX installation typesets: a formula compiles in them (a
+    style's package may need others that are missing, which only a run tells)."""
+    return tuple(name for name in MATH_STYLES
+                 if _compile([(r"\frac{a}{b}+\mathbb{R}", True)], FormulaConfig(), name)[0] is not None)
 
 
 def render_pdflatex(formulas: Sequence[str], dpis: Sequence[int],
-                    config: FormulaConfig = FormulaConfig()) -> list[Image.Image | None]:
-    """Each formula typeset in display style by pdflatex (article, amsmath, amssymb) and cropped to
-    its ink plus the margin; None where it does not compile cleanly. All formulas go through as few
+                    config: FormulaConfig = FormulaConfig(), styles: Sequence[str] | None = None,
+                    displays: Sequence[bool] | None = None) -> list[Image.Image | None]:
+    """Each formula typeset by pdflatex (article, amsmath, amssymb, its math style of MATH_STYLES;
+    display style, or text style where `displays` says False) and cropped to its ink plus the
+    margin; None where it does not compile cleanly. All formulas of a style go through as few
     LaTeX runs as possible: one run for the batch, a second without the formulas the log blames,
     and halves of the batch only when a run still fails."""
-    pages = _compile_all(list(formulas), config)
+    styles = list(styles) if styles is not None else ["cm"] * len(formulas)
+    displays = list(displays) if displays is not None else [True] * len(formulas)
+    pages: list = [None] * len(formulas)
+    for style in dict.fromkeys(styles):
+        indices = [i for i, s in enumerate(styles) if s == style]
+        compiled = _compile_all([(formulas[i], displays[i]) for i in indices], config, style)
+        for i, page in zip(indices, compiled):
+            pages[i] = page
     return [None if page is None else _crop(page(dpi), dpi, config) for page, dpi in zip(pages, dpis)]
 
 
-def _compile_all(formulas: list[str], config: FormulaConfig) -> list:
-    """Per formula, a function dpi -> rendered PIL page region, or None where it does not compile."""
+def _compile_all(formulas: list[tuple[str, bool]], config: FormulaConfig, style: str) -> list:
+    """Per (formula, display?), a function dpi -> rendered PIL page region, or None where it does
+    not compile."""
     if not formulas:
         return []
-    pages, blamed = _compile(formulas, config)
+    pages, blamed = _compile(formulas, config, style)
     if pages is not None:
         return pages
     if len(formulas) == 1:
         return [None]
     if blamed and len(blamed) < len(formulas):
         kept = [i for i in range(len(formulas)) if i not in blamed]
-        retry, _ = _compile([formulas[i] for i in kept], config)
+        retry, _ = _compile([formulas[i] for i in kept], config, style)
         if retry is not None:
             out = [None] * len(formulas)
             for i, page in zip(kept, retry):
                 out[i] = page
             return out
     middle = len(formulas) // 2
-    return _compile_all(formulas[:middle], config) + _compile_all(formulas[middle:], config)
+    return _compile_all(formulas[:middle], config, style) + _compile_all(formulas[middle:], config, style)
 
 
-def _compile(formulas: list[str], config: FormulaConfig) -> tuple[list | None, set[int]]:
+def _compile(formulas: list[tuple[str, bool]], config: FormulaConfig, style: str) -> tuple[list | None, set[int]]:
     """(page renderers, blamed) for one LaTeX run: page renderers only when the run was clean and gave
     one page per formula, else None and the indices of the formulas the log reports errors in."""
-    body = "".join(f"\\typeout{{{_PAGE_MARK}{i}}}\n\\[ {formula} \\]\n\\clearpage\n"
-                   for i, formula in enumerate(formulas))
-    document = (f"\\documentclass[{config.latex_points}pt]{{article}}\n\\usepackage{{amsmath,amssymb}}\n"
+    body = "".join(f"\\typeout{{{_PAGE_MARK}{i}}}\n" + (f"\\[ {formula} \\]" if display else f"${formula}$")
+                   + "\n\\clearpage\n" for i, (formula, display) in enumerate(formulas))
+    document = (f"\\documentclass[{config.latex_points}pt]{{article}}\n{MATH_STYLES[style]}\n"
                 "\\usepackage[paperwidth=100cm,paperheight=40cm,margin=2cm]{geometry}\n"
                 "\\pagestyle{empty}\\setlength{\\parindent}{0pt}\\tracinglostchars=3\n"
                 f"\\begin{{document}}\n{body}\\end{{document}}\n")

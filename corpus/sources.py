@@ -17,7 +17,10 @@ TRAINING = {
              "live-manual-pdf", "siscone-doc-pdf"],
     "table": ["postgresql-doc-15", "gimp-help-en", "texlive-pictures-doc", "texlive-pstricks-doc",
               "texlive-fonts-extra-doc"],
-    "formula": ["texlive-pictures-doc", "texlive-pstricks-doc", "texlive-fonts-extra-doc", "texlive-latex-extra-doc"],
+    "formula": ["texlive-pictures-doc", "texlive-pstricks-doc", "texlive-fonts-extra-doc", "texlive-latex-extra-doc",
+                "texlive-lang-european", "texlive-lang-italian", "texlive-lang-polish", "texlive-lang-cyrillic", "texlive-lang-czechslovak", "texlive-lang-greek",
+                "texlive-lang-other", "texlive-plain-generic", "texlive-luatex", "texlive-xetex", "texlive-music",
+                "texlive-bibtex-extra", "texlive-formats-extra"],
 }
 
 # type -> packages read for the committed evaluation set data/real
@@ -34,6 +37,7 @@ EVALUATION = {
 # data/real stays a measurement
 DEVELOPMENT = {
     "text": ["texlive-lang-german", "pari-doc", "debian-refcard"],
+    "formula": ["texlive-lang-german", "pari-doc", "texlive-lang-portuguese", "texlive-lang-spanish"],
 }
 
 

@@ -116,7 +116,8 @@ def _fixture_build(tmp_path: Path, fixture_package: UnpackedPackage, output: str
     training = {"text": ["fixture-doc"], "page": ["fixture-doc"], "table": ["fixture-doc"],
                 "formula": ["fixture-doc"]}
     config = BuildConfig(tmp_path / output, tmp_path / "cache", seed=seed, augment_share=0.5)
-    return build(config, log=lambda line: None, training=training, fetch=lambda name, cache: fixture_package)
+    return build(config, log=lambda line: None, training=training, fetch=lambda name, cache: fixture_package,
+                 held_out=())
 
 
 def _rows(output: Path) -> list[dict]:
@@ -287,3 +288,15 @@ def test_a_word_space_drawn_as_character_spacing_is_in_the_label(tmp_path):
     document.close()
     items = list(line_items(UnpackedPackage("groff-like", tmp_path, "MIT"), seed=1))
     assert sorted(item.text for item in items) == ["all kerned words.", "values they had prior to it."]
+
+
+def test_a_training_build_leaves_out_the_formulas_a_held_out_package_holds(tmp_path, fixture_package):
+    held = tmp_path / "held-doc/usr/share/doc/held-doc"
+    held.mkdir(parents=True)
+    (held / "held.tex").write_text("Inline $E = m c^2 + \\frac{a}{b}$ math.\n")  # the fixture's formula, inline
+    held_package = UnpackedPackage("held-doc", tmp_path / "held-doc", "MIT")
+    packages = {"fixture-doc": fixture_package, "held-doc": held_package}
+    config = BuildConfig(tmp_path / "out", tmp_path / "cache", seed=7, types=("formula",), augment_share=0.0)
+    written = build(config, log=lambda line: None, training={"formula": ["fixture-doc"]},
+                    fetch=lambda name, cache: packages[name], held_out=["held-doc"])
+    assert written["formula"] == 0 and not _rows(tmp_path / "out")

@@ -165,3 +165,26 @@ def test_a_formula_that_fails_to_compile_does_not_spoil_its_batch():
 def test_reserved_packages_are_refused(tmp_path):
     with pytest.raises(ReservedPackage):
         package_formulas(UnpackedPackage("texlive-science-doc", tmp_path, "GPL"))
+
+
+def test_inline_math_is_found_only_when_asked_and_after_the_displays():
+    source = r"Let $x_1 + y$ be \(a \le b\) and $x^2 + y^2 = z^2$; cost \$5 and \$6." + "\n\\[ x^2 + y^2 = z^2 \\]\n"
+    assert [f.target for f in find_display_formulas(source)] == ["x^{2}+y^{2}=z^{2}"]
+    found = find_display_formulas(source, FormulaConfig(inline=True))
+    # the inline repeat of the display formula is not kept twice; escaped dollars are no math
+    assert [(f.target, f.display) for f in found] == [
+        ("x^{2}+y^{2}=z^{2}", True), ("x_{1}+y", False), (r"a\leq b", False)]
+
+
+@needs_pdflatex
+def test_every_available_math_style_typesets_display_and_inline_math():
+    from gravityocr.corpus.formulas import MATH_STYLES, available_math_styles
+
+    styles = available_math_styles()
+    assert "cm" in styles and set(styles) <= set(MATH_STYLES)
+    for style in styles:
+        display, inline = render_pdflatex([r"\sum_{i=1}^{n} \frac{a_i}{b}"] * 2, [200, 200], styles=[style] * 2,
+                                          displays=[True, False])
+        assert display is not None and inline is not None, style
+        # display style sets the limits above and below and a full-size fraction: a taller image
+        assert display.height > inline.height * 1.2, style

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import pyarrow.parquet as pq
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -92,3 +93,46 @@ def test_length_weights_favour_long_texts_and_keep_each_types_share():
     assert weights[2] / weights[1] == pytest.approx(LONGEST_WEIGHT / 40)
     # across types: each type's draws as its item count gives them (3 text items, 2 tables)
     assert sum(weights[:3]) == pytest.approx(3) and sum(weights[3:]) == pytest.approx(2)
+
+
+def test_vertical_detail_trains_and_validates_on_a_development_set(tmp_path, fixture_package, tiny_model_factory,  # noqa: F811
+                                                                   processor, capsys):
+    """A run with vertical detail caches the map's rows beside the strip features, trains the
+    detail's projection from zero, and validates on a development set's items, none of whose
+    texts it trains on."""
+    from gravityocr.model.evaluation.manifest import ManifestItem, write_manifest
+    from gravityocr.model.network.strip_vision import FEATURES_PER_TOKEN, VERTICAL_PER_TOKEN
+
+    corpus = tmp_path / "corpus"
+    build(BuildConfig(corpus, tmp_path / "debs", seed=1, types=("text",), augment_share=0.0), log=lambda line: None,
+          training={"text": ["fixture-doc"]}, fetch=lambda name, cache: fixture_package)
+    rows = [row for shard in sorted(corpus.glob("shards/**/*.parquet")) for row in pq.read_table(shard).to_pylist()]
+    development = tmp_path / "dev"
+    (development / "images").mkdir(parents=True)
+    entries = []
+    for row in rows[:2]:  # two of the training texts, drawn again: held out of training
+        path = development / "images" / f"{row['id']}.png"
+        path.write_bytes(row["image"])
+        entries.append(ManifestItem(f"dev-{row['id']}", path, "text", row["text"]))
+    write_manifest(development, entries)
+    start = tmp_path / "start"
+    save_recognizer(Recognizer(tiny_model_factory(3, torch.float32), processor), start)
+    tower = convert_onnx(rapidocr_model_path(), tmp_path / "tower.safetensors")
+    recipe = tmp_path / "vertical.yaml"
+    recipe.write_text(json.dumps({
+        "corpus": str(corpus), "cache": str(tmp_path / "cache"), "output_dir": str(tmp_path / "run"),
+        "init_from": str(start), "tower_weights": str(tower), "reading_prefix": True, "types": ["text"],
+        "vertical_detail": True, "validation_set": str(development), "validation_items": 5,
+        "steps": 3, "projection_steps": 1, "batch_size": 4, "block_size": 8, "min_block_size": 4,
+        "checkpoint_every": 3, "validate_every": 3, "warmup_steps": 1}))
+    assert main(["train-strips", "--config", str(recipe), "--cache-only"]) == 0
+    cached = read_cache(tmp_path / "cache")
+    assert all(item.features.shape[1] == FEATURES_PER_TOKEN + VERTICAL_PER_TOKEN for item in cached)
+    capsys.readouterr()
+    assert main(["train-strips", "--config", str(recipe)]) == 0
+    assert f"{len(cached) - 2} training items, 2 held out" in capsys.readouterr().out
+    log = [json.loads(line) for line in (tmp_path / "run/train_log.jsonl").read_text().splitlines()]
+    assert set(log[-1]["validation"]) == {"text"}
+    trained = load_file(str(tmp_path / "run/checkpoint/model.safetensors"))
+    assert trained["strip_vision.vertical_projection.weight"].abs().sum() > 0
+    assert load_recognizer(tmp_path / "run/checkpoint").model.strip_vision.vertical_detail

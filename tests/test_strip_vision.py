@@ -441,3 +441,50 @@ def test_joint_decoding_scores_one_strip_lines_only_and_changes_what_greedy_writ
         # a two-strip crop reads as the model without the CTC term reads it
         assert greedy_decode(model, two_lines, 16, eos).token_ids == \
             greedy_decode(copying_recognizer.model, two_lines, 16, eos).token_ids
+
+
+def test_vertical_detail_tells_a_superscript_from_a_subscript_and_starts_as_the_same_function(strip_recognizer,
+                                                                                                tmp_path):
+    """With vertical detail (config `strip_vertical_detail`) a token's features also hold the
+    backbone map's top and bottom rows less their mean: an `x` set high and one set low give
+    the same averaged features' shape but other detail. Its projection starts at zero, so the
+    model gives the embeddings it gave without it; saved and loaded, it keeps the detail."""
+    import copy
+
+    from gravityocr.model.network.strip_vision import FEATURES_PER_TOKEN, VERTICAL_PER_TOKEN
+
+    config = copy.deepcopy(strip_recognizer.model.config)
+    config.strip_vertical_detail = True
+    torch.manual_seed(0)
+    detailed = GravityOcrForConditionalGeneration(config).to(torch.float64).eval()
+    detailed.load_state_dict(strip_recognizer.model.state_dict(), strict=False)
+    assert detailed.strip_vision.vertical_detail and not strip_recognizer.model.strip_vision.vertical_detail
+    processor = strip_recognizer.processor
+
+    def drawn(offset: int) -> Image.Image:
+        image = Image.new("RGB", (200, 40), "white")
+        font = _font(14)
+        ImageDraw.Draw(image).text((20, 10), "a", font=font, fill="black")
+        ImageDraw.Draw(image).text((40, 10 + offset), "x", font=font, fill="black")
+        return image
+
+    with torch.no_grad():
+        features = []
+        for offset in (-6, 6):
+            prompt = processor.encode(drawn(offset), "formula")
+            [f] = detailed.strip_vision.token_features(prompt.pixel_values, prompt.image_grid_thw)
+            assert f.shape[1] == FEATURES_PER_TOKEN + VERTICAL_PER_TOKEN
+            features.append(f)
+            plain = strip_recognizer.model.encode_images(prompt.pixel_values, prompt.image_grid_thw)[0]
+            assert torch.allclose(detailed.encode_images(prompt.pixel_values, prompt.image_grid_thw)[0], plain)
+    high, low = features
+    assert high.shape == low.shape
+    # the map's rows part more between the two than the height-averaged features do
+    detail_gap = (high[:, FEATURES_PER_TOKEN:] - low[:, FEATURES_PER_TOKEN:]).abs().mean()
+    assert detail_gap > (high[:, :FEATURES_PER_TOKEN] - low[:, :FEATURES_PER_TOKEN]).abs().mean()
+    with torch.no_grad():
+        detailed.strip_vision.vertical_projection.weight.normal_(std=0.1)
+    save_recognizer(Recognizer(detailed, processor), tmp_path / "detailed")
+    loaded = load_recognizer(tmp_path / "detailed", dtype=torch.float64)
+    assert loaded.model.strip_vision.vertical_detail
+    assert torch.equal(loaded.model.strip_vision.vertical_projection.weight, detailed.strip_vision.vertical_projection.weight)

@@ -45,7 +45,8 @@ class GravityOcrForConditionalGeneration(GlmOcrForConditionalGeneration):
             from gravityocr.model.network.strip_vision import StripVisionTower
 
             del self.model.visual
-            self.strip_vision = StripVisionTower(config.text_config.hidden_size, config.text_config.vocab_size)
+            self.strip_vision = StripVisionTower(config.text_config.hidden_size, config.text_config.vocab_size,
+                                                 vertical_detail=bool(getattr(config, "strip_vertical_detail", False)))
         if getattr(config, "reading_copy", False):
             if getattr(config, "reading_prefix", None) is None:
                 raise ValueError("reading_copy needs a reading prefix (config reading_prefix)")
@@ -87,6 +88,8 @@ class GravityOcrForConditionalGeneration(GlmOcrForConditionalGeneration):
         if strip_vision is not None and module is strip_vision:
             # likewise one saved before the reading marker
             hf_init.zeros_(module.reading_marker)
+        if strip_vision is not None and module is getattr(strip_vision, "vertical_projection", None):
+            hf_init.zeros_(module.weight)
 
     @property
     def reading_prefix(self):

@@ -65,6 +65,9 @@ MERGE = 2  # the 2x2 merge GLM-OCR's grid counts in (image_grid_thw is in unmerg
 STEPS_PER_TOKEN = CELL_WIDTH // 8  # the neck's steps are 8 px apart
 FEATURES_PER_STEP = 120 + 384
 FEATURES_PER_TOKEN = FEATURES_PER_STEP * STEPS_PER_TOKEN
+# Vertical detail (config `strip_vertical_detail`): the backbone map's top and bottom rows (of
+# the three a 48-px strip gives), less their mean, per 8 px: where in the strip the ink lies.
+VERTICAL_PER_TOKEN = 2 * 384 * STEPS_PER_TOKEN
 INK_LEVEL = 128  # a pixel darker than this is ink
 
 
@@ -246,7 +249,8 @@ class StripVisionTower(nn.Module):
     """PP-OCRv6 backbone + neck (pretrained), the projection of their 24-px tokens and the
     reading hint (module docstring)."""
 
-    def __init__(self, hidden_size: int, vocab_size: int, tower_config: TowerConfig | None = None):
+    def __init__(self, hidden_size: int, vocab_size: int, tower_config: TowerConfig | None = None,
+                 vertical_detail: bool = False):
         super().__init__()
         self.recognizer = PPOCRv6Recognizer(tower_config)
         del self.recognizer.head  # the CTC classifier over 18,710 classes: restricted below
@@ -260,9 +264,22 @@ class StripVisionTower(nn.Module):
         self.reading_marker = nn.Parameter(torch.zeros(hidden_size))
         with torch.no_grad():
             self.reading_projection.weight.zero_()
+        if vertical_detail:
+            # the map's rows kept apart: a superscript, a fraction's numerator and denominator
+            # lie at different heights of one strip, which the averaged map cannot tell apart
+            # (zero at the start: a model gains it as the same function)
+            self.vertical_norm = nn.LayerNorm(VERTICAL_PER_TOKEN)
+            self.vertical_projection = nn.Linear(VERTICAL_PER_TOKEN, hidden_size, bias=False)
+            with torch.no_grad():
+                self.vertical_projection.weight.zero_()
+
+    @property
+    def vertical_detail(self) -> bool:
+        return hasattr(self, "vertical_projection")
 
     def token_features(self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> list[torch.Tensor]:
-        """Per image, (rows*columns, 1512) features before the projection (what training caches)."""
+        """Per image, (rows*columns, 1512) features before the projection (what training caches);
+        with vertical detail, (rows*columns, 1512 + VERTICAL_PER_TOKEN)."""
         out = []
         start = 0
         for _, grid_h, grid_w in image_grid_thw.tolist():
@@ -276,13 +293,20 @@ class StripVisionTower(nn.Module):
             column_map = tower.feature_map.mean(dim=2)[:, :, :2 * steps]
             column_map = column_map.reshape(rows, -1, steps, 2).mean(dim=3).transpose(1, 2)  # (rows, steps, 384)
             per_step = torch.cat([sequence, column_map], dim=2)
-            out.append(per_step.reshape(rows * columns, FEATURES_PER_TOKEN))
+            features = per_step.reshape(rows * columns, FEATURES_PER_TOKEN)
+            if self.vertical_detail:
+                paired = tower.feature_map[:, :, :, :2 * steps].reshape(rows, 384, -1, steps, 2).mean(dim=4)
+                detail = paired[:, :, [0, -1]] - paired.mean(dim=2, keepdim=True)  # (rows, 384, 2, steps)
+                detail = detail.permute(0, 3, 2, 1).reshape(rows * columns, VERTICAL_PER_TOKEN)
+                features = torch.cat([features, detail], dim=1)
+            out.append(features)
         return out
 
     def reading_logits(self, features: torch.Tensor) -> torch.Tensor:
         """(tokens, 1512) features -> (tokens, 3, vocab + 1): the classifier's logits for each
         8-px step (what the hint projects and the prefix reads; computed once per image)."""
         neck_dim = self.recognizer.config.neck_dim
+        features = features[:, :FEATURES_PER_TOKEN]
         steps = features.reshape(features.shape[0], STEPS_PER_TOKEN, FEATURES_PER_STEP)[:, :, :neck_dim]
         return self.reading_head(steps.to(self.reading_head.weight.dtype))
 
@@ -311,4 +335,7 @@ class StripVisionTower(nn.Module):
         embeddings."""
         reading = reading_logits.softmax(dim=-1)
         hint = self.reading_projection(reading.flatten(1).to(self.reading_projection.weight.dtype))
-        return self.projection(self.norm(features)) + hint
+        visual = self.projection(self.norm(features[:, :FEATURES_PER_TOKEN])) + hint
+        if self.vertical_detail:
+            visual = visual + self.vertical_projection(self.vertical_norm(features[:, FEATURES_PER_TOKEN:]))
+        return visual

@@ -48,6 +48,7 @@ class StripTrainConfig:
     tower_weights: str = ""  # `convert_onnx` output; "" converts rapidocr's bundled file
     reading_prefix: bool = False  # the decoder also reads the classifier's text (model/network/strip_vision.py)
     reading_copy: bool = False  # and gets the reading's token at its place as input (model/decode/reading_drafts.py)
+    vertical_detail: bool = False  # the backbone map's rows kept apart (model/network/strip_vision.py)
     # Draw items of a type in proportion to their text's length (each type keeps its share of
     # the batch): a corpus build's text items are mostly words and short lines, a page's are long.
     sample_by_length: bool = False
@@ -56,6 +57,7 @@ class StripTrainConfig:
     max_visual_tokens: int = 1200  # so are larger images (a whole page of table)
     micro_batch_tokens: int = 6000  # a step runs as length-sorted micro-batches of at most this many
     validation_items: int = 120  # items held out of the cache's last chunk, read greedily
+    validation_set: str = ""  # validate on this evaluation set's items of `types` instead (data/dev)
     steps: int = 6000
     projection_steps: int = 300
     batch_size: int = 24
@@ -89,13 +91,14 @@ class StripTrainConfig:
 # --- the starting model -------------------------------------------------------------------
 
 def start_model(init_from: str | Path, tower_weights: str | Path, reading_prefix: bool = False,
-                reading_copy: bool = False) -> Recognizer:
+                reading_copy: bool = False, vertical_detail: bool = False) -> Recognizer:
     """`init_from`'s text side under a strip tower with pretrained PP-OCRv6 weights. A strip
     model's own projections are kept (training continues; one saved before the reading hint
     existed loads with the hint's projection at zero); otherwise they start fresh, the
     hint's at zero. The reading hint's classifier always comes from `tower_weights`.
     `reading_prefix` adds the reading prefix, `reading_copy` the copy path (zero at the
-    start); a model that has either keeps it."""
+    start); a model that has either keeps it. `vertical_detail` adds the map's rows (zero at the
+    start)."""
     source = load_recognizer(init_from)
     config = source.model.config
     continues = vision_tower_of(config) == STRIP_TOWER
@@ -107,6 +110,8 @@ def start_model(init_from: str | Path, tower_weights: str | Path, reading_prefix
         if ReadingPrefix.of(config) is None:
             raise ValueError("reading_copy needs a model with a reading prefix (reading_prefix: true)")
         config.reading_copy = True
+    if vertical_detail:
+        config.strip_vertical_detail = True
     model = GravityOcrForConditionalGeneration(config)
     kept = {k: v for k, v in source.model.state_dict().items()
             if not k.startswith(("model.visual.", "strip_vision.reading_head."))}
@@ -165,9 +170,6 @@ def build_feature_cache(config: StripTrainConfig, recognizer: Recognizer, log=pr
     cache = Path(config.cache)
     cache.mkdir(parents=True, exist_ok=True)
     corpus = Path(config.corpus)
-    tower = recognizer.model.strip_vision
-    processor = recognizer.processor
-    eos = processor.eos_token_ids[0]
     while True:
         shards = sorted(s for s in corpus.glob("shards/**/*.parquet") if s.parts[-3] in config.types)
         todo = [s for s in shards if not (cache / _cache_name(corpus, s)).exists()]
@@ -179,20 +181,46 @@ def build_feature_cache(config: StripTrainConfig, recognizer: Recognizer, log=pr
             items = []
             with torch.inference_mode():
                 for row in pq.read_table(shard).to_pylist():
-                    target = processor.tokenizer.encode(row["text"], add_special_tokens=False) + [eos]
-                    if len(target) > config.max_target_tokens:
-                        continue
                     image = Image.open(io.BytesIO(row["image"])).convert("RGB")
-                    pixels = processor.image_processor(images=[image])
-                    features = tower.token_features(pixels["pixel_values"], pixels["image_grid_thw"])[0]
-                    items.append(CachedItem(row["id"], row["type"], features.half(), pixels["image_grid_thw"],
-                                            target, row["text"]))
+                    item = cached_item(recognizer, config, row["id"], row["type"], row["text"], image)
+                    if item is not None:
+                        items.append(item)
             path = cache / _cache_name(corpus, shard)
             partial = path.with_suffix(".partial")
             torch.save([asdict(item) for item in items], partial)
             partial.rename(path)
             rate = len(items) / max(time.perf_counter() - started, 1e-9)
             log(f"{path.name}: {len(items)} items, {rate:.1f}/s")
+
+
+def cached_item(recognizer: Recognizer, config: StripTrainConfig, item_id: str, type: str, text: str,
+                image) -> CachedItem | None:
+    """One item's tower features and target, or None when its target is too long to train on."""
+    processor = recognizer.processor
+    target = processor.tokenizer.encode(text, add_special_tokens=False) + [processor.eos_token_ids[0]]
+    if len(target) > config.max_target_tokens:
+        return None
+    pixels = processor.image_processor(images=[image])
+    features = recognizer.model.strip_vision.token_features(pixels["pixel_values"], pixels["image_grid_thw"])[0]
+    return CachedItem(item_id, type, features.half(), pixels["image_grid_thw"], target, text)
+
+
+@torch.inference_mode()
+def evaluation_set_items(config: StripTrainConfig, recognizer: Recognizer) -> list[CachedItem]:
+    """The items of `config.validation_set` (an evaluation manifest) of the configured types,
+    with their tower features, in manifest order."""
+    from PIL import Image
+
+    from gravityocr.model.evaluation.manifest import read_manifest
+
+    items = []
+    for entry in read_manifest(config.validation_set):
+        if entry.type in config.types:
+            item = cached_item(recognizer, config, entry.id, entry.type, entry.text,
+                               Image.open(entry.image_path).convert("RGB"))
+            if item is not None:
+                items.append(item)
+    return items
 
 
 def _cache_name(corpus: Path, shard: Path) -> str:
@@ -227,13 +255,17 @@ class CachedTowerView(nn.Module):
         return self.model.device
 
     def encode_images(self, features: torch.Tensor, image_grid_thw: torch.Tensor,
-                      readings: list | None = None) -> list[torch.Tensor]:
+                      readings: list | None = None, frames: list | None = None) -> list[torch.Tensor]:
         counts = (image_grid_thw.prod(dim=1) // 4).tolist()
-        return self.model.embed_strip_features(list(features.float().split(counts)), image_grid_thw, readings)
+        return self.model.embed_strip_features(list(features.float().split(counts)), image_grid_thw, readings, frames)
 
     @property
     def copies_reading(self) -> bool:
         return self.model.copies_reading
+
+    @property
+    def ctc_prefix_weight(self) -> float:
+        return self.model.ctc_prefix_weight
 
     def embed(self, *args, **kwargs):
         return self.model.embed(*args, **kwargs)
@@ -304,7 +336,8 @@ def train(config: StripTrainConfig, log=print) -> Path:
         state = torch.load(checkpoint / "trainer_state.pt", weights_only=False)
     else:
         tower = Path(config.tower_weights) if config.tower_weights else default_tower_weights(output)
-        recognizer = start_model(config.init_from, tower, config.reading_prefix, config.reading_copy)
+        recognizer = start_model(config.init_from, tower, config.reading_prefix, config.reading_copy,
+                                 config.vertical_detail)
         state = None
     model = recognizer.model.train()
     vision = model.strip_vision
@@ -312,6 +345,8 @@ def train(config: StripTrainConfig, log=print) -> Path:
     vision.reading_head.requires_grad_(False)
     # the modules that start fresh train at the projection's rate
     fresh = [vision.norm, vision.projection, vision.reading_projection]
+    if vision.vertical_detail:
+        fresh += [vision.vertical_norm, vision.vertical_projection]
     if model.copies_reading:
         fresh.append(model.reading_copy)
     projection = [p for module in fresh for p in module.parameters() if p.requires_grad]
@@ -330,10 +365,16 @@ def train(config: StripTrainConfig, log=print) -> Path:
     items = [i for i in read_cache(Path(config.cache), config.max_visual_tokens) if i.type in config.types]
     if len(items) <= config.validation_items:
         raise ValueError(f"{len(items)} cached items: build the feature cache first (gravityocr train-strips --cache-only)")
-    # held out: a fixed share of items by id, whichever cache files exist when the run starts
-    held_out = sorted((i for i in items if _held_out(i.id)), key=lambda i: i.id)[:config.validation_items]
+    if config.validation_set:
+        held_out = evaluation_set_items(config, recognizer)[:config.validation_items]
+    else:
+        # held out: a fixed share of items by id, whichever cache files exist when the run starts
+        held_out = sorted((i for i in items if _held_out(i.id)), key=lambda i: i.id)[:config.validation_items]
     held_out_ids = {item.id for item in held_out}
-    items = [i for i in items if i.id not in held_out_ids]
+    # a standard formula may recur in a training package: what is validated on is not trained on
+    held_out_texts = {item.text for item in held_out} if config.validation_set else set()
+    trained = lambda item: item.type in config.types and item.id not in held_out_ids and item.text not in held_out_texts
+    items = [i for i in items if trained(i)]
     log(f"{len(items)} training items, {len(held_out)} held out; starting at step {step}")
     view = CachedTowerView(model)
     rng = random.Random(config.seed * 1000 + step)
@@ -368,7 +409,7 @@ def train(config: StripTrainConfig, log=print) -> Path:
         if step % config.validate_every == 0 or step == config.steps or out_of_time:
             record["validation"] = validate(recognizer, held_out)
             # the cache may still be growing beside a long run: take in its new files
-            items = [i for i in read_cache(Path(config.cache), config.max_visual_tokens) if i.type in config.types and i.id not in held_out_ids]
+            items = [i for i in read_cache(Path(config.cache), config.max_visual_tokens) if trained(i)]
             weights = length_weights(items) if config.sample_by_length else None
         with log_path.open("a") as stream:
             stream.write(json.dumps(record) + "\n")
@@ -401,7 +442,7 @@ def run(args) -> int:
     torch.set_num_threads(config.threads)
     if args.cache_only:
         tower = Path(config.tower_weights) if config.tower_weights else default_tower_weights(Path(config.output_dir))
-        build_feature_cache(config, start_model(config.init_from, tower))
+        build_feature_cache(config, start_model(config.init_from, tower, vertical_detail=config.vertical_detail))
         return 0
     train(config)
     return 0
