@@ -194,6 +194,8 @@ def find_display_formulas(tex_source: str, config: FormulaConfig = FormulaConfig
                 continue
             for piece_offset, piece in (_equations(body) if split else [(0, body)]):
                 latex = " ".join(_DROPPED.sub(" ", piece).split())
+                if not display and not _reads_as_math(latex):
+                    continue
                 target = usable_target(latex, defined, config)
                 if target is None or target in seen:
                     continue
@@ -222,6 +224,17 @@ def usable_target(latex: str, defined: set[str] = frozenset(),
     if not config.min_chars <= len(target) <= config.max_chars or canonicalize_latex(target) != target:
         return None
     return target
+
+
+_TEXT_ARGUMENT = re.compile(r"\\(?:text\w*|math\w+|operatorname|mbox)\s*\{[^{}]*\}")
+_WORD = re.compile(r"[A-Za-z]{4,}|[A-Za-z]\.[A-Za-z]|://")
+
+
+def _reads_as_math(latex: str) -> bool:
+    """False for what sits between dollars in a source without being math: a word of four or
+    more letters outside a command name and text-like argument (shell variables, prose), a
+    dotted name (TikZ's `(node.north)`) or an address."""
+    return _WORD.search(_COMMAND.sub(" ", _TEXT_ARGUMENT.sub(" ", latex))) is None
 
 
 def _display_bodies(text: str, inline: bool = False) -> Iterator[tuple[int, str, bool, bool]]:

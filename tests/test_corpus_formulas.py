@@ -188,3 +188,9 @@ def test_every_available_math_style_typesets_display_and_inline_math():
         assert display is not None and inline is not None, style
         # display style sets the limits above and below and a full-size fraction: a taller image
         assert display.height > inline.height * 1.2, style
+
+
+def test_inline_dollars_around_what_is_not_math_are_left_out():
+    source = (r"Set $TEXMFLOCAL/tex$ and \draw $(node.north)+(1,0)$; so $\mathrm{arg\,min}_x f$ and $x_{ij}$." "\n")
+    found = find_display_formulas(source, FormulaConfig(inline=True))
+    assert [f.target for f in found] == [r"\mathrm{arg\,min}_{x}f", "x_{ij}"]
