@@ -35,6 +35,7 @@ import io
 import json
 import logging
 import os
+import sys
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
@@ -47,6 +48,7 @@ from gravityocr.model.decode.settings import DecodeSettings, add_decode_argument
 from gravityocr.pipelines.assembly import PageResult, document_markdown, figure_prefix_for, figures_folder
 from gravityocr.pipelines.layout import LAYOUT_BACKENDS, LINE_SPLITTERS
 from gravityocr.pipelines.page_ocr import Crop, PageOcrConfig, PagePlan, PagePlanner
+from gravityocr.pipelines.progress import BatchProgress
 from gravityocr.pipelines.storage import StorageLocation, exists, list_objects, read_bytes, resolve, write_atomic
 from gravityocr.pipelines.tables import TableGrid
 
@@ -350,7 +352,8 @@ def _storage_runtime_env() -> dict | None:
     return {"env_vars": env_vars} if env_vars else None
 
 
-def run_batch_job(config: BatchJobConfig) -> BatchSummary:
+def run_batch_job(config: BatchJobConfig, progress: "BatchProgress | None" = None) -> BatchSummary:
+    """Run the job; `progress` (the CLI's) hears of each page and document as it finishes."""
     import ray
 
     started = time.perf_counter()
@@ -365,6 +368,8 @@ def run_batch_job(config: BatchJobConfig) -> BatchSummary:
         todo = documents
 
     joins_cluster = bool(config.address or os.environ.get("RAY_ADDRESS"))
+    if progress is not None:
+        progress.documents = len(todo)
     if todo:
         if not ray.is_initialized():
             ray.init(address=config.address, log_to_driver=False)
@@ -399,8 +404,12 @@ def run_batch_job(config: BatchJobConfig) -> BatchSummary:
         for row in dataset.iter_rows():
             by_document[row["document_id"]].append(row)
             pages = by_document[row["document_id"]]
+            if progress is not None and row["page_number"] > 0:
+                progress.page_done()
             if len(pages) == row["page_count"]:
-                _finish_document(destination, row["document_id"], by_document.pop(row["document_id"]), summary)
+                failed = _finish_document(destination, row["document_id"], by_document.pop(row["document_id"]), summary)
+                if progress is not None:
+                    progress.document_done(row["document_id"], failed)
     summary.seconds = time.perf_counter() - started
     summary.pages_per_second = summary.pages / summary.seconds if summary.seconds else 0.0
     summary.tpf = summary.committed_tokens / summary.forward_passes if summary.forward_passes else 0.0
@@ -410,7 +419,8 @@ def run_batch_job(config: BatchJobConfig) -> BatchSummary:
     return summary
 
 
-def _finish_document(destination: StorageLocation, document_id: str, pages: list[dict], summary: BatchSummary) -> None:
+def _finish_document(destination: StorageLocation, document_id: str, pages: list[dict], summary: BatchSummary) -> bool:
+    """Count the document's pages into `summary` and write its markdown; True where it failed."""
     document_failed = any(p["page_number"] == 0 for p in pages)
     metrics.record_document(metrics.STATUS_ERROR if document_failed else metrics.STATUS_OK)
     if document_failed:
@@ -431,24 +441,30 @@ def _finish_document(destination: StorageLocation, document_id: str, pages: list
             metrics.record_page(error_reason=page["error_reason"])
     if document_failed:
         summary.documents_failed += 1
-        return  # no markdown: a later --resume tries the document again
+        return True  # no markdown: a later --resume tries the document again
     write_atomic(destination, markdown_key(document_id), document_markdown_from_rows(document_id, pages).encode())
+    return False
 
 
 # --- CLI -----------------------------------------------------------------------------------
+
+EXIT_DOCUMENTS_FAILED = 3  # the job ran to its end, and some documents could not be read
 
 def add_arguments(parser) -> None:
     parser.add_argument("input", help="local folder, file://… or s3://bucket/prefix of PDFs and images")
     parser.add_argument("output", help="local folder, file://… or s3://bucket/prefix for markdown and Parquet")
     parser.add_argument("--address", help="Ray cluster address (default: a local Ray started for the job)")
     parser.add_argument("--endpoint-url", help="S3-compatible endpoint (MinIO, Ceph, …); default AWS_ENDPOINT_URL")
-    parser.add_argument("--min-actors", type=int, default=1)
-    parser.add_argument("--max-actors", type=int, default=2)
+    parser.add_argument("--min-actors", type=int, default=1,
+                        help="engine actors the pool keeps however little work there is (default: 1)")
+    parser.add_argument("--max-actors", type=int, default=2,
+                        help="engine actors the pool grows to while pages wait (default: 2)")
     parser.add_argument("--resume", action="store_true", help="skip documents whose outputs are complete")
     parser.add_argument("--dpi", type=float, default=PageOcrConfig.dpi,
                         help=f"PDF render resolution (default: {PageOcrConfig.dpi:g})")
     parser.add_argument("--model", help="model directory or hub name (default: the shipped model)")
-    parser.add_argument("--pages-per-batch", type=int, default=4)
+    parser.add_argument("--pages-per-batch", type=int, default=4,
+                        help="pages an engine actor reads together, their crops batched in one engine (default: 4)")
     parser.add_argument("--layout", choices=LAYOUT_BACKENDS, default=PageOcrConfig.layout,
                         help=f"layout backend (default: {PageOcrConfig.layout})")
     parser.add_argument("--lines", choices=LINE_SPLITTERS, default=PageOcrConfig.lines,
@@ -472,7 +488,7 @@ def run(args) -> int:
         model=args.model, pages_per_batch=args.pages_per_batch, layout=args.layout,
         lines=args.lines, max_new_tokens=args.max_new_tokens, actor_resources=args.actor_resources,
     )
-    summary = run_batch_job(config)
+    summary = run_batch_job(config, BatchProgress())
     print(f"documents: {summary.documents} ({summary.documents_failed} failed, {summary.documents_skipped} "
           f"already complete)   pages: {summary.pages} ({summary.page_errors} with errors)   "
           f"{summary.pages_per_second:.2f} pages/s   TPF {summary.tpf:.2f} ({summary.speculative_rounds} speculative "
@@ -480,4 +496,9 @@ def run(args) -> int:
     for error in summary.errors:
         print(f"  error {error['document_id']} page {error['page_number']}: {error['reason']}: {error['message']}")
     print(f"outputs: {config.output_uri}")
+    if summary.documents_failed:
+        print(f"gravityocr batch: {summary.documents_failed} of {summary.documents} documents failed (exit code "
+              f"{EXIT_DOCUMENTS_FAILED}); their error rows are in the Parquet output, --resume reads them again",
+              file=sys.stderr)
+        return EXIT_DOCUMENTS_FAILED
     return 0

@@ -196,3 +196,24 @@ def test_interrupted_job_resumes_without_redoing_finished_documents(ray_cluster,
     assert all(after[name] == mtime for name, mtime in finished_before.items()), "finished documents were redone"
     files = _page_files(output)
     assert len(files) == 8 and len(set(files)) == 8
+
+
+def test_a_run_with_a_bad_document_prints_progress_and_exits_non_zero(ray_cluster, model_dir, tmp_path):
+    """The CLI tells a person what it does as documents finish (stderr), and a job in which a
+    document failed exits with its documented code after the summary, its good outputs written."""
+    from gravityocr.pipelines.batch_job import EXIT_DOCUMENTS_FAILED
+
+    source, output = tmp_path / "in", tmp_path / "out"
+    source.mkdir()
+    (source / "good.png").write_bytes(_png(synthetic_pages.sample_pages(1, seed=4)[0]))
+    (source / "empty.pdf").write_bytes(b"")
+    command = [sys.executable, "-m", "gravityocr.cli", "batch", str(source), str(output), "--address",
+               ray_cluster.address, "--model", model_dir, "--max-actors", "1", "--max-new-tokens", "32"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == EXIT_DOCUMENTS_FAILED != 0, done.stderr[-2000:]
+    progress = [line for line in done.stderr.splitlines() if line.startswith("batch: ")]
+    assert any(line.endswith("empty.pdf FAILED") for line in progress)
+    assert any("good.png" in line and "FAILED" not in line for line in progress)
+    assert progress[-1].startswith("batch: 2/2 documents (1 failed), 1 pages")
+    assert "documents: 2 (1 failed" in done.stdout and "1 of 2 documents failed" in done.stderr
+    assert (output / "markdown/good.png.md").exists() and not (output / "markdown/empty.pdf.md").exists()
