@@ -19,9 +19,11 @@ import hmac
 import time
 import uuid
 from concurrent.futures import CancelledError
+from typing import TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ValidationError
 from ray import serve
 
 from gravityocr import metrics
@@ -29,6 +31,7 @@ from gravityocr.serve import schemas
 from gravityocr.serve.chat_stream import ChatStream, error_event
 from gravityocr.serve.engine_requests import EngineRequests, RequestAbandoned
 from gravityocr.serve.settings import ServeSettings
+from gravityocr.serve.table_answer import closed_table
 
 OCR_ROUTE = "/v1/ocr"
 CHAT_ROUTE = "/v1/chat/completions"
@@ -47,6 +50,7 @@ DOCUMENT_ERROR_STATUS = {
     "too_large": 413, "unreadable": 422,
 }
 CLIENT_CLOSED_REQUEST = 499  # logged for a request whose client went away (nginx's convention)
+Body = TypeVar("Body", bound=BaseModel)  # a request body's schema (serve/schemas.py)
 
 app = FastAPI(title="GravityOCR", version="0.1.0",
               description="OCR with exact self-speculative decoding: documents to markdown and JSON.")
@@ -99,6 +103,23 @@ async def _read_body(request: Request, limit: int, setting: str) -> bytes:
     return bytes(body)
 
 
+def _parse_body(model: type[Body], body: bytes, what: str) -> Body:
+    """`body` as a `model`, or an HTTPProblem in the API's error shape: 400 for a body that is
+    not JSON at all, 422 for JSON that is not a valid `what`, its message naming each wrong
+    field and never echoing the input (pydantic's own text repeats the body and links its docs)."""
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as error:
+        errors = error.errors(include_url=False, include_input=False)
+        syntax = [e for e in errors if e["type"] == "json_invalid"]
+        if syntax:
+            raise HTTPProblem(400, "the request body is not valid JSON: "
+                                   + syntax[0]["msg"].removeprefix("Invalid JSON: ")) from None
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg'].removeprefix('Value error, ')}"
+                             for e in errors)
+        raise HTTPProblem(422, f"invalid {what}: {problems}") from None
+
+
 class _OcrWork:
     """POST /v1/ocr: a whole document through layout and the shared engine."""
 
@@ -137,10 +158,7 @@ class _OcrWork:
             return upload.filename or "upload", data
         if content_type == "application/json":
             body = await _read_body(request, settings.max_upload_bytes * 4 // 3 + 4096, JSON_BODY_SETTING)
-            try:
-                parsed = schemas.OcrJsonRequest.model_validate_json(body)
-            except ValueError as error:
-                raise HTTPProblem(422, f"invalid JSON request: {error}") from None
+            parsed = _parse_body(schemas.OcrJsonRequest, body, "OCR request")
             if parsed.uri:
                 return parsed.uri, await asyncio.to_thread(_read_allowed_s3, parsed.uri, settings)
             try:
@@ -221,10 +239,7 @@ class _ChatWork:
         if content_type != "application/json":
             raise HTTPProblem(415, "chat completions take application/json")
         body = await _read_body(request, self.service.settings.max_upload_bytes * 4 // 3 + 65536, JSON_BODY_SETTING)
-        try:
-            return schemas.ChatCompletionRequest.model_validate_json(body)
-        except ValueError as error:
-            raise HTTPProblem(422, f"invalid chat completion request: {error}") from None
+        return _parse_body(schemas.ChatCompletionRequest, body, "chat completion request")
 
     def run(self, chat: schemas.ChatCompletionRequest, engine_requests: EngineRequests) -> dict | ChatStream:
         from gravityocr.model.engine import Request as EngineRequest
@@ -269,6 +284,8 @@ class _ChatWork:
         except (RequestAbandoned, CancelledError):  # nobody reads this answer any more
             raise HTTPProblem(504, "the request was abandoned") from None
         text = processor.decode(result.token_ids)
+        if task == "table":  # one table an HTML parser reads, even when cut at the budget
+            text = closed_table(text)
         return {
             "id": completion_id,
             "object": "chat.completion",

@@ -1,6 +1,7 @@
 """One chat completion streamed as server-sent events, in OpenAI's `stream: true` format: a
 chunk per decode round with the text its committed tokens add (a self-speculative round
-commits several at once), a last chunk with the finish reason, then `data: [DONE]`."""
+commits several at once), a last chunk with the finish reason, then `data: [DONE]`. A table's
+chunks join into the same closed HTML as its non-streamed answer (serve/table_answer.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 
 from gravityocr.serve.engine_requests import EngineRequests
 from gravityocr.serve.stream_text import StreamText
+from gravityocr.serve.table_answer import closed_table, unfinished_tag
 
 _END = object()  # queued after the last tokens, once the engine request is settled
 
@@ -48,14 +50,23 @@ class ChatStream:
         A withdrawn request (abandoned) raises concurrent.futures.CancelledError."""
         yield self._chunk({"role": "assistant", "content": ""})
         text = StreamText(decode)
+        told, held = "", ""  # held: a table's unfinished tag, told once the tokens after it finish it
         while True:
             item = await asyncio.wait_for(self.tokens.get(), timeout=max(0.0, deadline - time.perf_counter()))
             if item is _END:
                 break
-            if added := text.add(item):
+            added = held + text.add(item)
+            if self.task == "table":
+                cut = unfinished_tag(added)
+                added, held = added[:cut], added[cut:]
+            if added:
+                told += added
                 yield self._chunk({"content": added})
         result = self.future.result()
-        if rest := text.rest(result.token_ids):
+        rest = held + text.rest(result.token_ids)
+        if self.task == "table":  # the whole answer as the non-streamed one reads (serve/table_answer.py);
+            rest = closed_table(told + rest)[len(told):]  # `told` never ends inside a tag: it stays a prefix
+        if rest:
             yield self._chunk({"content": rest})
         finish_reason = "stop" if result.finish_reason == "eos" else "length"
         yield self._chunk({}, finish_reason, gravityocr={

@@ -21,7 +21,10 @@ class ServeSettings:
     # same settings and meanings as every command's decoding flags.
     decode: DecodeSettings = field(default_factory=DecodeSettings)
     max_batch_size: int = 32  # sequences one replica's engine decodes together
-    max_seq_len: int = 2048  # prompt + output tokens of one crop
+    # Prompt + output tokens of one crop (a KV cache slot). None: the model's whole context
+    # (max_position_embeddings), the slot `gravityocr ocr` and `gravityocr batch` decode in, so
+    # any crop they read fits here too.
+    max_seq_len: int | None = None
     max_new_tokens: int = 1024  # cap per crop (chat requests may ask for less)
     dpi: float = PageOcrConfig.dpi
     layout: str = PageOcrConfig.layout  # layout backend (pipelines/layout.py LAYOUT_BACKENDS)

@@ -20,6 +20,7 @@ from gravityocr.model.decode.settings import DecodeSettings
 from gravityocr.model.network.loading import Recognizer, load_recognizer, save_recognizer
 from gravityocr.bench import synthetic_pages
 from gravityocr.pipelines import ocr_cli
+from gravityocr.model.evaluation.scores import parse_table
 from gravityocr.pipelines.assembly import PageResult, document_markdown
 from gravityocr.pipelines.batch_job import BatchJobConfig, run_batch_job
 from gravityocr.pipelines.documents import load_pages
@@ -172,19 +173,20 @@ def test_one_document_one_markdown_from_ocr_batch_and_serve(served, tmp_path, mo
     assert pieces[1].startswith("## ")
 
     # With one: the figure crops beside the markdown, each link naming a file that exists;
-    # batch's markdown is ocr --out's with its folder's name (the input key keeps its extension).
+    # ocr --out names its files as batch does (the input's name, extension kept): the same bytes.
+    assert sorted(p.name for p in ocr_out.iterdir()) == ["report.pdf.md", "report.pdf_figures"]
     batch_markdown = (batch_out / "markdown" / "report.pdf.md").read_text()
-    ocr_markdown = (ocr_out / "report.md").read_text()
+    ocr_markdown = (ocr_out / "report.pdf.md").read_text()
     for markdown_file, markdown in ((batch_out / "markdown" / "report.pdf.md", batch_markdown),
-                                    (ocr_out / "report.md", ocr_markdown)):
+                                    (ocr_out / "report.pdf.md", ocr_markdown)):
         links = FIGURE_LINK.findall(markdown)
         assert links and all(link.rsplit("/", 1)[1].startswith("p2-r") for link in links)
         assert all((markdown_file.parent / unquote(link)).is_file() for link in links)
-    assert batch_markdown == ocr_markdown.replace("](report_figures/", "](report.pdf_figures/")
+    assert batch_markdown == ocr_markdown
     assert FIGURE_LINK.sub("", batch_markdown) == stdout_markdown
-    figures = sorted(p.name for p in (ocr_out / "report_figures").iterdir())
+    figures = sorted(p.name for p in (ocr_out / "report.pdf_figures").iterdir())
     assert figures == sorted(p.name for p in (batch_out / "markdown" / "report.pdf_figures").iterdir())
-    assert all((ocr_out / "report_figures" / name).read_bytes()
+    assert all((ocr_out / "report.pdf_figures" / name).read_bytes()
                == (batch_out / "markdown" / "report.pdf_figures" / name).read_bytes() for name in figures)
     served_pages = [PageResult.from_dict(page) for page in served_body["document"]["pages"]]
     assert document_markdown(served_pages, figure_prefix="report.pdf_figures/") == batch_markdown
@@ -288,7 +290,7 @@ BAD_REQUESTS = [
     ("/v1/ocr", {"files": {"file": ("cut.pdf", b"%PDF-1.7\n1 0 obj\n<< /Type /Catalog", "application/pdf")}}, 422, "corrupt"),
     ("/v1/ocr", {"json": {"document": "not base64!!"}}, 400, "base64"),
     ("/v1/ocr", {"json": {"filename": "x"}}, 422, "exactly one"),
-    ("/v1/ocr", {"content": b"{not json", "headers": {"content-type": "application/json"}}, 422, "invalid JSON"),
+    ("/v1/ocr", {"content": b"{not json", "headers": {"content-type": "application/json"}}, 400, "not valid JSON"),
     ("/v1/ocr", {"files": {"other": (None, "field")}}, 422, "'file'"),
     ("/v1/chat/completions", {"json": {"messages": [{"role": "user", "content": "read this"}]}}, 422, "image_url"),
     ("/v1/chat/completions", {"json": {"messages": [{"role": "user", "content": [
@@ -304,6 +306,52 @@ def test_bad_requests_get_their_status_and_the_server_keeps_serving(served, rout
     assert words.lower() in response.text.lower()
     assert httpx.get(f"{served['url']}/readyz", timeout=30).status_code == 200
     assert _chat(served["url"], random_image(100, 84, 56)).status_code == 200
+
+
+# Bodies sent as application/json that are not JSON (400) or not the endpoint's request (422).
+MALFORMED_JSON = [(b"{not json", 400), (b'{"document": "abc"', 400), (b"", 400), (b"\xff\xfe{}", 400),
+                  (b"[1, 2]", 422), (b'{"messages": "hello", "document": 3}', 422)]
+
+
+@pytest.mark.parametrize("route", ["/v1/ocr", "/v1/chat/completions"])
+def test_malformed_json_bodies_answer_in_the_api_problem_format(served, route):
+    """The same error shape as every other error, a one-line message naming the fault, never
+    pydantic's own dump (which echoes the body and links pydantic's docs)."""
+    for body, status in MALFORMED_JSON:
+        response = httpx.post(served["url"] + route, content=body, headers={"content-type": "application/json"},
+                              timeout=60)
+        assert response.status_code == status, (body, response.text)
+        problem = response.json()
+        message = problem["error"]["message"]
+        assert problem == {"error": {"message": message, "status": status}}
+        assert len(message.splitlines()) == 1 and "pydantic" not in message and "input_value" not in message
+        assert ("not valid JSON" in message) == (status == 400), message
+    assert "invalid chat completion request: messages: Input should be a valid array" in message \
+        if route == "/v1/chat/completions" else "document: Input should be a valid string" in message
+
+
+def test_a_table_cut_at_its_budget_answers_one_closed_table_streamed_or_not(served, tokenizer):
+    """The memorised table at budgets that end it mid-cell and between rows: the answer is the
+    model's text with every element it opened closed (serve/table_answer.py), the finish
+    reason says it was cut, and a stream's chunks join into the same string."""
+    from gravityocr.serve.table_answer import closed_table
+
+    table = OVERFIT_TEXTS[1]
+    tokens = tokenizer.encode(table, add_special_tokens=False)
+    for budget in (4, 6, 9):
+        cut = tokenizer.decode(tokens[:budget])
+        body = {"max_tokens": budget, "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": _data_url(random_image(101, 112, 56))}},
+            {"type": "text", "text": "Table Recognition:"}]}]}
+        answer = httpx.post(f"{served['url']}/v1/chat/completions", json=body, timeout=120).json()
+        content = answer["choices"][0]["message"]["content"]
+        assert answer["choices"][0]["finish_reason"] == "length" and answer["usage"]["completion_tokens"] == budget
+        assert content == closed_table(cut) != cut and content.startswith(cut) and content.endswith("</table>")
+        assert parse_table(content) is not None
+        with httpx.stream("POST", f"{served['url']}/v1/chat/completions", json={**body, "stream": True},
+                          timeout=120) as response:
+            events = _sse_events(response)
+        assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events[:-1]) == content
 
 
 def test_page_count_limit(served):
