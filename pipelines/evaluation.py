@@ -5,9 +5,8 @@ go through the page pipeline a user runs (`gravityocr ocr`: layout, line crops, 
 assembly) and are scored on the page text, so a page figure is the product's figure; a
 table's image goes through the same pipeline as one table region (its grid, its cells'
 lines, its HTML: pipelines/tables.py), as a table on a page is read. All decode with the
-decoding flags every command takes (by default the product's settings, the device's
-speculative batch cap included; `--speculative-max-batch 0` speculates at every batch
-size), and the JSON's `decode` says which settings were measured. With `--check-exact`
+decoding flags every command takes (by default the product's settings: speculation at
+every batch size; `--speculative-max-batch N` caps it), and the JSON's `decode` says which settings were measured. With `--check-exact`
 all are decoded again in plain AR mode and `exact` says whether every output is identical.
 """
 

@@ -1,9 +1,9 @@
 """Score a recogniser on the crops of an evaluation set (text lines, tables, formulas).
 
 Every item is decoded by the batched engine with the given decoding settings (by default
-the product's: self-speculative, with the device's batch cap); with `check_exact` the same
-items are decoded again in plain AR mode (and, where the cap made the measured run take AR
-rounds, with speculation at every batch size), and `exact` says whether every output is
+the product's: self-speculative at every batch size); with `check_exact` the same
+items are decoded again in plain AR mode (and, where a `speculative_max_batch` cap made the
+measured run take AR rounds, with speculation at every batch size), and `exact` says whether every output is
 identical. An item whose image cannot be read scores 0 and is listed. Whole
 pages are read by the page pipeline (`gravityocr eval`, pipelines/evaluation.py), which
 builds on this module; the model room does not import the pipelines.
