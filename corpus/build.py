@@ -119,6 +119,7 @@ class BuildConfig:
     packages: tuple[str, ...] | None = None  # None: every training package of each type
     items_per_unit: int | None = 400
     augment_share: float = 0.2  # share of items given scan-like degradation
+    negatives: int = 0  # crops with nothing to read (corpus/negatives.py) per type built
 
 
 def plan_units(package: UnpackedPackage, type: str) -> list[Unit]:
@@ -182,6 +183,14 @@ def build(config: BuildConfig, log=print, training: dict[str, list[str]] = TRAIN
         exclude = formula_targets([fetch(check_not_reserved(name), config.cache) for name in held_out])
         sources = {**ITEM_SOURCES, "formula": functools.partial(_formula_items, exclude=exclude)}
     for type in config.types:
+        if config.negatives and type != "page":
+            from gravityocr.corpus.negatives import PACKAGE, negative_items
+
+            shard = config.output / "shards" / type / PACKAGE / f"seed{config.seed}.parquet"
+            if not shard.exists():
+                _write_shard(shard, list(negative_items(type, config.seed, config.negatives)))
+                written[type] += config.negatives
+                log(f"{shard.relative_to(config.output / 'shards').as_posix()}: {config.negatives} items")
         packages = config.packages or tuple(training.get(type, ()))
         for name in packages:
             check_not_reserved(name)
@@ -339,7 +348,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--types", default=",".join(TYPES), help="comma-separated: text,page,table,formula")
     train.add_argument("--packages", help="comma-separated training packages (default: all of each type)")
     train.add_argument("--items-per-unit", type=int, default=400, help="at most this many items per shard")
-    train.add_argument("--augment-share", type=float, default=0.2)
+    train.add_argument("--augment-share", type=float, default=0.2,
+                       help="share of items degraded like scans (default: 0.2)")
+    train.add_argument("--negatives", type=int, default=0,
+                       help="crops with nothing to read, empty target, per type built (default: 0)")
     evaluation = actions.add_parser("eval-set", help="a real-document evaluation set from the evaluation packages")
     evaluation.add_argument("output", type=Path, help="directory for manifest.jsonl and images/")
     evaluation.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
@@ -367,7 +379,7 @@ def run(args) -> int:
     packages = tuple(p.strip() for p in args.packages.split(",")) if args.packages else None
     try:
         build(BuildConfig(args.output, args.cache, args.seed, types, packages, args.items_per_unit,
-                          args.augment_share))
+                          args.augment_share, args.negatives))
     except ValueError as error:  # a reserved or unknown package, named in the message
         print(f"gravityocr data build: {error}", file=sys.stderr)
         return 2

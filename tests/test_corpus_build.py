@@ -300,3 +300,19 @@ def test_a_training_build_leaves_out_the_formulas_a_held_out_package_holds(tmp_p
     written = build(config, log=lambda line: None, training={"formula": ["fixture-doc"]},
                     fetch=lambda name, cache: packages[name], held_out=["held-doc"])
     assert written["formula"] == 0 and not _rows(tmp_path / "out")
+
+
+def test_negatives_are_crops_without_ink_to_read_with_the_empty_target(tmp_path, fixture_package):
+    config = BuildConfig(tmp_path / "out", tmp_path / "cache", seed=7, types=("formula",), augment_share=0.0,
+                         negatives=10)
+    build(config, log=lambda line: None, training={"formula": ["fixture-doc"]},
+          fetch=lambda name, cache: fixture_package, held_out=())
+    rows = [r for r in _rows(tmp_path / "out") if r["package"] == "generated-negatives"]
+    assert len(rows) == 10 and len({r["id"] for r in rows}) == 10
+    assert all(r["text"] == "" and r["type"] == "formula" for r in rows)
+    assert {r["locator"].split("-")[0] for r in rows} == {"blank", "specks", "noise", "rule", "frame"}
+    again = tmp_path / "again"
+    build(BuildConfig(again, tmp_path / "cache", seed=7, types=("formula",), augment_share=0.0, negatives=10),
+          log=lambda line: None, training={"formula": ["fixture-doc"]}, fetch=lambda name, cache: fixture_package,
+          held_out=())
+    assert [r["image"] for r in _rows(again) if r["package"] == "generated-negatives"] == [r["image"] for r in rows]

@@ -136,3 +136,28 @@ def test_vertical_detail_trains_and_validates_on_a_development_set(tmp_path, fix
     trained = load_file(str(tmp_path / "run/checkpoint/model.safetensors"))
     assert trained["strip_vision.vertical_projection.weight"].abs().sum() > 0
     assert load_recognizer(tmp_path / "run/checkpoint").model.strip_vision.vertical_detail
+
+
+def test_every_train_strips_flag_says_what_it_does():
+    import argparse
+
+    from gravityocr.model.training.strips import add_arguments
+
+    parser = argparse.ArgumentParser(prog="gravityocr train-strips")
+    add_arguments(parser)
+    assert all(action.help for action in parser._actions), [a.option_strings for a in parser._actions if not a.help]
+    assert "where the checkpoint" in parser.format_help()
+
+
+def test_type_shares_set_each_types_share_of_the_draws_whatever_its_count():
+    from gravityocr.model.training.strips import CachedItem, StripTrainConfig, sampling_weights
+
+    items = [CachedItem(f"t{i}", "text", torch.zeros(1, 1), torch.ones(1, 3), [1], "abc") for i in range(2)]
+    items += [CachedItem(f"f{i}", "formula", torch.zeros(1, 1), torch.ones(1, 3), [1], "x^{2}") for i in range(8)]
+    config = StripTrainConfig(types=("text", "formula"), type_shares={"text": 0.3, "formula": 0.7})
+    weights = sampling_weights(items, config)
+    assert sum(weights[:2]) == pytest.approx(0.3) and sum(weights[2:]) == pytest.approx(0.7)
+    assert weights[0] == weights[1] and len(set(weights[2:])) == 1
+    assert sampling_weights(items, StripTrainConfig()) is None  # uniform draws
+    with pytest.raises(ValueError, match="type_shares"):
+        StripTrainConfig(types=("formula",), type_shares={"text": 1.0}).validate()

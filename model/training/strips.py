@@ -52,6 +52,9 @@ class StripTrainConfig:
     # Draw items of a type in proportion to their text's length (each type keeps its share of
     # the batch): a corpus build's text items are mostly words and short lines, a page's are long.
     sample_by_length: bool = False
+    # Each type's share of the draws (types without one are not drawn): a few text lines beside
+    # many formulas keep the reader of lines while formulas are learned. None: shares by count.
+    type_shares: dict[str, float] | None = None
     types: tuple[str, ...] = ("text", "table", "formula")
     max_target_tokens: int = 400  # longer targets are left out of training
     max_visual_tokens: int = 1200  # so are larger images (a whole page of table)
@@ -86,6 +89,11 @@ class StripTrainConfig:
             raise ValueError("projection_steps must be fewer than steps")
         if self.batch_size < 1:
             raise ValueError("batch_size must be at least 1")
+        if self.type_shares is not None and (set(self.type_shares) - set(self.types)
+                                             or any(share < 0 for share in self.type_shares.values())
+                                             or not sum(self.type_shares.values()) > 0):
+            raise ValueError(f"type_shares must give non-negative shares of some of types {list(self.types)}, "
+                             f"got {self.type_shares}")
 
 
 # --- the starting model -------------------------------------------------------------------
@@ -308,6 +316,20 @@ def length_weights(items: list[CachedItem]) -> list[float]:
     counts = Counter(item.type for item in items)
     return [counts[item.type] * length / by_type[item.type] for item, length in zip(items, clamped)]
 
+def sampling_weights(items: list[CachedItem], config: StripTrainConfig) -> list[float] | None:
+    """Per item, its weight in the draws (`sample_by_length`, `type_shares`); None: uniform."""
+    if not config.sample_by_length and config.type_shares is None:
+        return None
+    weights = length_weights(items) if config.sample_by_length else [1.0] * len(items)
+    if config.type_shares is None:
+        return weights
+    by_type: Counter[str] = Counter()
+    for item, weight in zip(items, weights):
+        by_type[item.type] += weight
+    return [config.type_shares.get(item.type, 0.0) * weight / by_type[item.type]
+            for item, weight in zip(items, weights)]
+
+
 @torch.no_grad()
 def validate(recognizer: Recognizer, items: list[CachedItem]) -> dict[str, float]:
     """Greedy reading of held-out cached items: mean score by type."""
@@ -379,7 +401,7 @@ def train(config: StripTrainConfig, log=print) -> Path:
     view = CachedTowerView(model)
     rng = random.Random(config.seed * 1000 + step)
     generator = torch.Generator().manual_seed(config.seed * 1000 + step)
-    weights = length_weights(items) if config.sample_by_length else None
+    weights = sampling_weights(items, config)
     log_path = output / "train_log.jsonl"
     output.mkdir(parents=True, exist_ok=True)
     # one schedule for both groups, as a multiple of each group's own peak rate
@@ -391,7 +413,7 @@ def train(config: StripTrainConfig, log=print) -> Path:
         for group in optimizer.param_groups:
             trains = group["during_projection_steps"] or not projection_only
             group["lr"] = group["lr_base"] * schedule.rate(step) if trains else 0.0
-        chosen = (rng.choices(items, weights, k=config.batch_size) if config.sample_by_length
+        chosen = (rng.choices(items, weights, k=config.batch_size) if weights is not None
                   else rng.sample(items, config.batch_size))
         samples = [to_sample(item, recognizer.processor, model) for item in chosen]
         objective = Objective.AR_ONLY if projection_only else Objective.JOINT
@@ -410,7 +432,7 @@ def train(config: StripTrainConfig, log=print) -> Path:
             record["validation"] = validate(recognizer, held_out)
             # the cache may still be growing beside a long run: take in its new files
             items = [i for i in read_cache(Path(config.cache), config.max_visual_tokens) if trained(i)]
-            weights = length_weights(items) if config.sample_by_length else None
+            weights = sampling_weights(items, config)
         with log_path.open("a") as stream:
             stream.write(json.dumps(record) + "\n")
         if step % 50 == 0 or "validation" in record:
@@ -428,7 +450,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-only", action="store_true", help="build the feature cache and stop")
     parser.add_argument("--max-seconds", type=float, default=None, help="this invocation's time budget")
     parser.add_argument("--stop-step", type=int, default=None, help="stop at this step of the schedule")
-    parser.add_argument("--output-dir", default=None)
+    parser.add_argument("--output-dir", default=None,
+                        help="where the checkpoint (checkpoint/, resumed from when present), the training log "
+                             "(train_log.jsonl) and, unless the config names tower_weights, the tower converted "
+                             "from rapidocr's file go (overrides the config's output_dir; its default: "
+                             f"{StripTrainConfig.output_dir})")
 
 
 def run(args) -> int:
