@@ -6,9 +6,11 @@ time (batch 1) and lines per second in batches of 32. Pages: each system reads e
 image whole, the systems taking turns a few pages at a time (ours: the page pipeline
 `gravityocr ocr` runs, with the engine's split of its time: the vision tower's and the
 decoder's seconds per page); score = the evaluator's page score. rapidocr and Tesseract read text only, so tables and formulas are not compared here
-(`gravityocr eval data/real` scores ours on them).
+(`gravityocr eval data/real` scores ours on them). With `--photo-like`, every system reads
+the pages as a phone photographs them (corpus/augment.py `photo_like`, seeded by each page's
+id: the same images for every system and every run).
 
-    gravityocr bench real [--data data/real] [--model DIR] [--json FILE] [--skip-peers]
+    gravityocr bench real [--data data/real] [--model DIR] [--json FILE] [--skip-peers] [--skip-lines] [--photo-like]
 
 Prints figures, never passes or fails on them.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import random
 import shutil
 import statistics
 import subprocess
@@ -76,16 +79,20 @@ def ours_lines(recognizer, items: list[ManifestItem]) -> Figures:
     return figures
 
 
-def pages_side_by_side(recognizer, items: list[ManifestItem], peers: bool = True) -> list[Figures]:
+def pages_side_by_side(recognizer, items: list[ManifestItem], peers: bool = True,
+                       photo: bool = False) -> list[Figures]:
     """Whole pages, ours and the peers taking turns a batch of pages at a time (our page
     pipeline's `batch_pages`), each warmed up on the first page first: a slower phase of a
     shared machine slows every system alike, so the ratio of their seconds a page holds
     within a run. Ours: the page pipeline as `gravityocr ocr` runs it (product defaults),
     with the engine's own split of its time (the vision tower's and the decoder's seconds a
-    page); the peers: `gravityocr bench pages`' readers (rapidocr, Tesseract) where installed."""
+    page); the peers: `gravityocr bench pages`' readers (rapidocr, Tesseract) where installed.
+    `photo`: every system reads the pages as `photo_like` degrades them, seeded by their ids."""
     from gravityocr.bench.pages import BenchPage, RapidOcrPages, TesseractPages
+    from gravityocr.corpus.augment import photo_like
 
-    pages = [BenchPage(item.id, item.load_image(), item.text) for item in items]
+    image = lambda item: photo_like(item.load_image(), random.Random(item.id))[0] if photo else item.load_image()
+    pages = [BenchPage(item.id, image(item), item.text) for item in items]
     with contextlib.ExitStack() as stack:
         peer_readers = []
         for make in (RapidOcrPages, TesseractPages) if peers else ():
@@ -209,6 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch threads of the engine (default: all the process may use)")
     parser.add_argument("--skip-peers", action="store_true")
     parser.add_argument("--skip-pages", action="store_true")
+    parser.add_argument("--skip-lines", action="store_true")
+    parser.add_argument("--photo-like", action="store_true",
+                        help="read the pages as photographed (corpus.augment.photo_like, seeded by page id)")
     parser.add_argument("--json", default=None, help="also write the figures here")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     from gravityocr.model.engine.threads import engine_threads, reserve_for_engine
@@ -216,14 +226,14 @@ def main(argv: list[str] | None = None) -> int:
 
     reserve_for_engine(args.threads)
     items = read_manifest(args.data)
-    lines = [item for item in items if item.type == "text"]
+    lines = [] if args.skip_lines else [item for item in items if item.type == "text"]
     pages = [] if args.skip_pages else [item for item in items if item.type == "page"]
     recognizer = load_recognizer(args.model or DEFAULT_MODEL_DIR)
     print(f"{args.data}: {len(lines)} lines, {len(pages)} pages; engine threads {engine_threads()}")
-    results = [ours_lines(recognizer, lines)]
+    results = [ours_lines(recognizer, lines)] if lines else []
     if pages:
-        results += pages_side_by_side(recognizer, pages, peers=not args.skip_peers)
-    if not args.skip_peers:
+        results += pages_side_by_side(recognizer, pages, peers=not args.skip_peers, photo=args.photo_like)
+    if lines and not args.skip_peers:
         results.append(rapidocr_lines(lines))
         if shutil.which("tesseract"):
             results.append(tesseract_lines(lines))

@@ -3,11 +3,13 @@
 
 Markdown: the first title of a document is `#`, later ones `##`; paragraphs are their
 lines joined, a word hyphenated across a line break joined back ("recog-" + "nition");
-tables stay the HTML the recogniser writes; formulas are `$$ ... $$` blocks; figures are
-never read: with an output folder they are image links to the crops written beside the
-markdown (`figure_prefix`), without one they are left out (their box stays in the JSON),
-so no link ever points at a file that was not written; running headers and footers are
-left out of the markdown (they are in the JSON).
+tables stay the HTML the recogniser writes; formulas are `$$ ... $$` blocks; a figure is a
+picture whose words alone are read (its lines, pipelines/figures.py): with an output folder it
+is an image link to its crop written beside the markdown (`figure_prefix`), its words the
+link's alt text; without one its words are a paragraph and a figure without words is left out
+(its box stays in the JSON), so no link ever points at a file that was not written and no
+word read is dropped; running headers and footers are left out of the markdown (they are in
+the JSON).
 
 One document, one markdown: `gravityocr batch`, `gravityocr ocr` and serve's /v1/ocr all
 build a document's markdown with `document_markdown` and its per-page pieces with
@@ -50,8 +52,8 @@ class RegionResult:
     type: str
     bbox: Box
     score: float = 1.0
-    task: str | None = None  # the prompt it was read with; None for figures
-    text: str | None = None  # None for figures (not read)
+    task: str | None = None  # the prompt it was read with; None for a figure without words
+    text: str | None = None  # None for a figure without words (not read); a figure's words otherwise
     lines: list[LineResult] = field(default_factory=list)
     stats: dict | None = None  # decode statistics, summed over the lines
     error: str | None = None
@@ -84,6 +86,9 @@ class PageResult:
     seconds: dict[str, float] = field(default_factory=dict)  # layout / recognition / total
     error: str | None = None  # the page could not be laid out (its document still succeeds)
     rotation: float = 0.0  # degrees the page was turned to straighten it before layout (pipelines/deskew.py)
+    # what a reader should know of a page read without error: e.g. that it gave almost no text
+    # for the ink it holds (page_ocr.PagePlanner.fill), never a silent near-empty success
+    warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {
@@ -92,7 +97,7 @@ class PageResult:
             "layout_backend": self.layout_backend, "rotation": self.rotation,
             "regions": [region.to_dict() for region in self.regions],
             "seconds": {name: round(value, 4) for name, value in self.seconds.items()},
-            "error": self.error,
+            "error": self.error, "warnings": list(self.warnings),
         }
 
     @classmethod
@@ -100,11 +105,12 @@ class PageResult:
         """The inverse of `to_dict`: a page back from its JSON (a batch job's `regions_json`)."""
         return cls(data["document_id"], data["page_number"], data["width"], data["height"], data.get("dpi"),
                    data["layout_backend"], [RegionResult.from_dict(region) for region in data.get("regions") or []],
-                   dict(data.get("seconds") or {}), data.get("error"), data.get("rotation", 0.0))
+                   dict(data.get("seconds") or {}), data.get("error"), data.get("rotation", 0.0),
+                   list(data.get("warnings") or []))
 
     def text(self, include_furniture: bool = False) -> str:
-        """Plain text in reading order, figures left out: what a page score compares."""
-        skip = {"figure"} | (set() if include_furniture else {"header", "footer"})
+        """Plain text in reading order, a figure's words included: what a page score compares."""
+        skip = set() if include_furniture else {"header", "footer"}
         return "\n".join(r.text for r in self.regions if r.type not in skip and r.text)
 
 
@@ -189,21 +195,37 @@ def figure_png(image: Image.Image) -> bytes:
     return png_bytes(image)
 
 
+def _alt_text(text: str) -> str:
+    """A figure's words as an image link's alt text: one line, its brackets escaped."""
+    return re.sub(r"([\\\[\]])", r"\\\1", " ".join(text.split())) or "figure"
+
+
 def region_markdown(region: RegionResult, page_number: int, top_title: bool,
                     figure_prefix: str | None = None) -> str | None:
-    """One block of markdown, or None for a figure when there is no output folder
-    (`figure_prefix` None): no link to a file that is never written."""
+    """One block of markdown, or None for a figure without words when there is no output
+    folder (`figure_prefix` None): no link to a file that is never written. A figure's words
+    are its link's alt text, or a paragraph without a folder."""
+    text = (region.text or "").strip()
+    if region.type == "figure":  # its picture stands whether or not its words could be read
+        if figure_prefix is None:
+            return _escape(" ".join(text.split())) if text else None
+        return f"![{_alt_text(text)}]({figure_prefix}{figure_name(page_number, region)})"
     if region.error and not region.text:
         return f"<!-- page {page_number} region {region.order} ({region.type}) not read: {region.error} -->"
-    text = (region.text or "").strip()
-    if region.type == "figure":
-        return None if figure_prefix is None else f"![figure]({figure_prefix}{figure_name(page_number, region)})"
-    if region.type == "title":
-        return ("# " if top_title else "## ") + " ".join(text.split())
+    if region.type == "title":  # a numbered one by its number's depth (pipelines/structure.py)
+        from gravityocr.pipelines.structure import numbered_heading
+
+        return numbered_heading(text) or ("# " if top_title else "## ") + " ".join(text.split())
     if region.type == "table":
         return text
     if region.type == "formula":
         return f"$$\n{text}\n$$"
+    if region.type == "text":  # a listing, a numbered heading, a list, a table of contents
+        from gravityocr.pipelines.structure import text_markdown
+
+        structured = text_markdown(region.lines)
+        if structured is not None:
+            return structured
     return _escape(text)
 
 

@@ -195,7 +195,8 @@ def plan_pages(batch: pa.Table, layout: str, lines: str, dpi: float) -> pa.Table
                                               "crops": [{"region": c.region, "line": c.line, "task": c.task,
                                                          "cell": c.cell} for c in plan.crops],
                                               "tables": {str(index): grid.to_dict()
-                                                         for index, grid in plan.tables.items()}})
+                                                         for index, grid in plan.tables.items()},
+                                              "glyphs": plan.glyphs})
             record["crops"] = [_png(crop.image) for crop in plan.crops]
             record["figures"] = [{"name": name, "png": figure_png(figure)} for name, figure in figure_crops([plan.result])]
         out.append(record)
@@ -218,7 +219,7 @@ def plan_from_row(row: dict) -> PagePlan:
                   Image.open(io.BytesIO(png)).convert("RGB"), c["task"], c["cell"])
              for c, png in zip(record["crops"], row["crops"])]
     tables = {int(index): TableGrid.from_dict(grid) for index, grid in record["tables"].items()}
-    return PagePlan(PageResult.from_dict(record["page"]), crops, tables)
+    return PagePlan(PageResult.from_dict(record["page"]), crops, tables, record.get("glyphs", 0))
 
 
 # --- stage 3: read crops (engine actors) --------------------------------------------------

@@ -34,7 +34,7 @@ class Region:
     type: str
     order: int = -1  # reading-order position on the page, from 0
     score: float = 1.0  # the backend's confidence (1.0 for rule-based backends)
-    lines: list[Box] = field(default_factory=list)  # text lines, in reading order (text types only)
+    lines: list[Box] = field(default_factory=list)  # text lines, in reading order (text types; a picture's words)
 
     def __post_init__(self):
         if self.type not in REGION_TYPES:
@@ -123,12 +123,15 @@ def rule_stacks(mask: np.ndarray, line_height: float) -> list[Box]:
 
 def decorations(mask: np.ndarray, line_height: float) -> np.ndarray:
     """The ink that frames or underlines text without being part of a table: boxes drawn
-    around text (a hollow rectangle: a code listing's frame) and horizontal rules that stand
-    alone across much of the page (under a running header, over a footer, between sections).
-    Left in, a frame joins the listings and paragraphs around it into one block with ruling
-    lines, typed a table, and a rule widens a header's box to the page's width. A grid
-    table's rules are one component with inner lines, not a hollow rectangle, and booktabs'
-    rules come in stacks (TABLE_RULES): both stay."""
+    around text (a hollow rectangle: a code listing's frame), horizontal rules that stand
+    alone across much of the page (under a running header, over a footer, between sections)
+    and vertical rules that stand alone beside two lines or more (a bar down a listing's
+    side, a change bar, a rule between columns). Left in, a frame joins the listings and
+    paragraphs around it into one block with ruling lines, typed a table, a rule widens a
+    header's box to the page's width, and a bar joins the lines beside it into one ink mass,
+    typed a figure and never read. A grid table's rules are one component with inner lines,
+    not a hollow rectangle nor a lone rule, and booktabs' rules come in stacks (TABLE_RULES):
+    both stay."""
     import cv2
 
     count, labels, stats, _ = cv2.connectedComponentsWithStats(mask.astype(np.uint8), connectivity=8)
@@ -136,9 +139,12 @@ def decorations(mask: np.ndarray, line_height: float) -> np.ndarray:
     long = 4 * line_height
     columns = np.flatnonzero(mask.any(axis=0))
     text_width = int(columns[-1] - columns[0] + 1) if columns.size else mask.shape[1]
-    frames, rules = [], {}
+    frames, rules, bars = [], {}, []
     for label in range(1, count):
         x, y, width, height, area = stats[label].tolist()
+        if height >= 2 * line_height and width <= thin and area >= 0.8 * width * height:
+            bars.append(label)
+            continue
         if width < long:
             continue
         if _is_rule(width, height, area, line_height):
@@ -151,7 +157,7 @@ def decorations(mask: np.ndarray, line_height: float) -> np.ndarray:
                 frames.append(label)
     lone = [label for label, box in rules.items()  # its stack counts itself
             if sum(_stacked(box, other, line_height) for other in rules.values()) < TABLE_RULES]
-    return np.isin(labels, frames + lone) if frames or lone else np.zeros_like(mask)
+    return np.isin(labels, frames + lone + bars) if frames or lone or bars else np.zeros_like(mask)
 
 
 # A crop whose tallest component is under this share of the page's line height holds marks
@@ -774,11 +780,18 @@ def layout_page(image: Image.Image, backend: LayoutBackend, lines: LineSplitter,
                 ink: np.ndarray | None = None) -> list[Region]:
     """Typed regions of a page in reading order, text regions with their lines; frames and
     lone rules (`decorations`) are left out of the ink the layout and lines are found in.
-    `ink`: the page's `ink_mask` when the caller has it."""
+    A figure that holds text is laid out again as what it holds, and a picture's lines of
+    words are its lines (pipelines/figures.py). `ink`: the page's `ink_mask` when the caller
+    has it."""
+    from gravityocr.pipelines.figures import picture_lines, text_in_figures  # figures.py builds on this module
+
     mask = ink_mask(image) if ink is None else ink
-    mask = mask & ~decorations(mask, PageStats.of(mask).line_height)
-    regions = reading_order(backend.detect(image, mask))
+    stats = PageStats.of(mask)
+    mask = mask & ~decorations(mask, stats.line_height)
+    regions = reading_order(text_in_figures(image, mask, backend.detect(image, mask)))
     for region in regions:
         if region.type in TEXT_TYPES:
             region.lines = lines.split(image, mask, region.bbox)
+        elif region.type == "figure" and not isinstance(lines, NoLines):
+            region.lines = picture_lines(mask, region.bbox, stats.line_height)
     return regions

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from typing import TYPE_CHECKING
@@ -22,6 +23,7 @@ from gravityocr.pipelines.layout import LAYOUT_BACKENDS, LINE_SPLITTERS
 from gravityocr.pipelines.page_ocr import PageOcrConfig  # the page settings' defaults (torch loads only when a command runs)
 
 if TYPE_CHECKING:
+    from gravityocr.pipelines.assembly import PageResult
     from gravityocr.pipelines.page_ocr import DocumentResult
 
 
@@ -40,9 +42,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=("markdown", "json"), default="markdown",
                         help="output format (default: markdown)")
     parser.add_argument("--out", metavar="DIR", default=None,
-                        help="write one <name>.md (its figure crops in <name>_figures/, linked from it) or "
-                             "<name>.json per document here; default: print to stdout (JSON: one document per "
-                             "line; markdown without figures, whose boxes are in the JSON)")
+                        help="write one NAME.EXT.md per document here, named as `gravityocr batch` names it "
+                             "(report.pdf.md, its figure crops in report.pdf_figures/, linked from it), or "
+                             "NAME.EXT.json; default: print to stdout (JSON: one document per line; markdown "
+                             "without figures, whose boxes are in the JSON)")
     parser.add_argument("--model", metavar="PATH", default=None,
                         help="recogniser directory (Hugging Face format); default: the embedded model")
     parser.add_argument("--dpi", type=float, default=PageOcrConfig.dpi,
@@ -56,66 +59,69 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=None,
                         help="cap on tokens written per crop (default: per task, 256 text / 1024 table)")
     parser.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress lines on stderr (by default a line per page read: N/M pages)")
     add_decode_arguments(parser, with_mode=True)
 
 
-def _output_names(results: list[str]) -> dict[str, str]:
-    """A distinct file stem per document id (a/x.pdf and b/x.pdf -> x, x-2)."""
+def _output_names(document_ids: list[str]) -> dict[str, str]:
+    """A distinct output name per document id: its file name with its extension, as the batch
+    job names a document's markdown (`markdown/KEY.md`), so report.pdf is written to
+    report.pdf.md and its figures to report.pdf_figures/ by either command; a/x.pdf and
+    b/x.pdf -> x.pdf, x-2.pdf."""
     names, used = {}, set()
-    for document_id in results:
-        stem = Path(document_id).stem or "document"
-        name, n = stem, 1
+    for document_id in document_ids:
+        path = Path(document_id)
+        stem, suffix = (path.stem, path.suffix) if path.name else ("document", "")
+        name, n = stem + suffix, 1
         while name in used:
             n += 1
-            name = f"{stem}-{n}"
+            name = f"{stem}-{n}{suffix}"
         used.add(name)
         names[document_id] = name
     return names
 
 
 class _Progress:
-    """A page progress bar on stderr, shown once the input holds more than one page."""
+    """Pages as they are read, a line each on stderr, whatever the input (one page too) and
+    whether or not stderr is a terminal: `gravityocr ocr: N/M pages (DOCUMENT page P, S s)`, M
+    counting the pages of the documents opened so far and S the seconds since the first
+    document opened; at the end, how many pages were read in how long."""
 
     def __init__(self, enabled: bool):
         self.enabled = enabled
         self.total = 0
         self.done = 0
-        self.bar = None
+        self.started: float | None = None
 
     def opened(self, document: DocumentResult) -> None:
         self.total += document.page_count
-        if self.enabled and self.bar is None and self.total > 1:
-            from tqdm import tqdm
+        if self.started is None:
+            self.started = time.perf_counter()
 
-            self.bar = tqdm(total=self.total, initial=self.done, unit="page", file=sys.stderr, desc="ocr",
-                            dynamic_ncols=True)
-        elif self.bar is not None:
-            self.bar.total = self.total
-            self.bar.refresh()
-
-    def page(self, _page) -> None:
+    def page(self, page: PageResult) -> None:
         self.done += 1
-        if self.bar is not None:
-            self.bar.update(1)
+        if self.enabled:
+            self.message(f"gravityocr ocr: {self.done}/{self.total} pages ({page.document_id} page "
+                         f"{page.page_number}, {self._elapsed():.1f} s)")
 
     def message(self, text: str) -> None:
-        """A line on stderr that does not tear the bar."""
-        if self.bar is not None:
-            self.bar.write(text, file=sys.stderr)
-        else:
-            print(text, file=sys.stderr)
+        print(text, file=sys.stderr, flush=True)
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+        if self.enabled and self.done:
+            self.message(f"gravityocr ocr: {self.done} page{'s' if self.done > 1 else ''} read in "
+                         f"{self._elapsed():.1f} s")
+
+    def _elapsed(self) -> float:
+        return time.perf_counter() - self.started if self.started is not None else 0.0
 
 
 def _write(result: DocumentResult, args, name: str) -> None:
     """One document out: its JSON (`DocumentResult.to_json`, as serve answers it) or its
     markdown (`DocumentResult.to_markdown`, as the batch job and serve write it). On stdout
     the markdown leaves figures out (there is no folder to write them to); with --out its
-    figures are written to <name>_figures/ first and linked from <name>.md."""
+    figures are written to NAME.EXT_figures/ first and linked from NAME.EXT.md (`_output_names`)."""
     from gravityocr.pipelines.assembly import figure_crops, figure_png, figure_prefix_for, figures_folder
 
     if args.out is None:
@@ -159,8 +165,13 @@ def run(args) -> int:
     from gravityocr.pipelines.page_ocr import PageOcr
     from gravityocr.pipelines.recognizer import CropRecognizer, RecognizerConfig
 
-    transformers.utils.logging.disable_progress_bar()  # our own bar is the one that counts pages
-    reserve_for_engine()
+    transformers.utils.logging.disable_progress_bar()  # our own lines are the ones that count pages
+    # The engine decodes on one torch thread, as the batch job's engine actors and serve's
+    # replicas do (each given one CPU, the page work beside it on other cores), while this
+    # thread renders, lays out and encodes pages: the process's whole count for the engine
+    # would outnumber the cores with this thread's work, and every op would wait
+    # (model/engine/threads.py).
+    reserve_for_engine(1)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         config = RecognizerConfig(decode=decode_settings_from_args(args))
@@ -187,6 +198,9 @@ def run(args) -> int:
             for page in result.pages:
                 if page.error:
                     progress.message(f"gravityocr ocr: {result.document_id}: page {page.page_number}: {page.error}")
+                for warning in page.warnings:  # in the JSON too
+                    progress.message(f"gravityocr ocr: {result.document_id}: page {page.page_number}: "
+                                     f"warning: {warning}")
             _write(result, args, names[result.document_id])
     finally:
         progress.close()

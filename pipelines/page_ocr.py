@@ -24,6 +24,8 @@ from PIL import Image
 from gravityocr.pipelines.assembly import LineResult, PageResult, RegionResult, document_json, document_markdown, join_lines, sum_stats
 from gravityocr.pipelines.deskew import straighten
 from gravityocr.pipelines.documents import DocumentError, DocumentLimits, Page, open_document, read_file
+from gravityocr.pipelines.illumination import normalise
+from gravityocr.pipelines.inverted import light_on_dark
 from gravityocr.pipelines.layout import TEXT_TYPES, Box, LayoutBackend, LineSplitter, NoLines, PageStats, Region, \
     ink_mask, layout_page, make_layout, make_line_splitter, marks_only, paper_colour
 from gravityocr.pipelines.tables import TableGrid, table_grid, table_html
@@ -33,13 +35,22 @@ if TYPE_CHECKING:  # torch loads with the recogniser, not with the settings (the
 
 log = logging.getLogger(__name__)
 
-# What each region type is read as; figures are not read. Text regions are read line by line
+# What each region type is read as; a figure is a picture, whose words alone are read (with the
+# text prompt, line by line: its alt text; pipelines/figures.py). Text regions are read line by line
 # with the text prompt; a table's cells too, line by line (its HTML is assembled from its grid,
 # pipelines/tables.py), unless the line splitter is "none": then it is read whole with the
 # table prompt, as a formula is with the formula prompt.
 TASK_BY_TYPE = {**{kind: "text" for kind in TEXT_TYPES}, "table": "table", "formula": "formula"}
 
 DocumentSource = str | Path | tuple[str, bytes]
+
+# A page holding at least SOME_TEXT glyphs of ink (`ink_glyphs`) whose reading gives fewer
+# than NEARLY_NOTHING characters a glyph says so (`PageResult.warnings`): a photo or scan the
+# layout could not part, a page in the dark, ink the recogniser cannot make out. A page read
+# well gives about one character a glyph (an i's dot and two letters that touch about cancel
+# out), lit evenly or not: the glyphs are counted under a threshold that follows the paper.
+NEARLY_NOTHING = 0.25
+SOME_TEXT = 50
 
 
 @dataclass
@@ -108,6 +119,7 @@ class PagePlan:
     result: PageResult
     crops: list[Crop]
     tables: dict[int, TableGrid] = field(default_factory=dict)  # by region index: the grids read by cell
+    glyphs: int = 0  # about how many characters of ink the page holds outside its pictures (`ink_glyphs`)
 
 
 class PagePlanner:
@@ -122,12 +134,18 @@ class PagePlanner:
         self.lines = lines or make_line_splitter(self.config.lines)
 
     def plan(self, page: Page, regions: list[Region] | None = None) -> PagePlan:
-        """The page laid out and cut into crops; a layout failure is the page's error.
-        `regions`: the page's regions when the caller knows them (an image of one table):
-        layout is skipped, and straightening too unless every region is the whole image."""
+        """The page laid out and cut into crops; a layout failure is the page's error. Before
+        layout its image is prepared, here alone for every entry point: uneven light evened
+        out (pipelines/illumination.py), skew straightened (deskew.py), light text on a dark
+        ground turned dark on light (inverted.py). `regions`: the page's regions when the
+        caller knows them (an image of one table): layout is skipped, and straightening too
+        unless every region is the whole image."""
         start = time.perf_counter()
         error, image, rotation = None, page.image, 0.0
         try:
+            # uneven light or faint ink evened out first (an evenly lit, dark-inked page is
+            # left as it is): the ink mask below, and all that is found from it, needs it
+            image = normalise(image)
             mask = ink_mask(image)
             whole = (0, 0, image.width, image.height)
             if regions is None or all(region.bbox == whole for region in regions):
@@ -135,6 +153,10 @@ class PagePlanner:
                 # scanned askew (a table's rules then run along rows), its size kept
                 image, rotation = straighten(image, mask)
                 mask = ink_mask(image) if rotation else mask
+            # light text on a dark ground is read from an image where it is dark on light;
+            # figures are cut from the page as it is
+            as_is, image = image, light_on_dark(image, mask)
+            mask = mask if image is as_is else ink_mask(image)
             if regions is None:  # a page is laid out
                 regions = layout_page(image, self.layout, self.lines, mask)
             tables = self._table_grids(image, mask, regions)
@@ -153,8 +175,12 @@ class PagePlanner:
         for index, region in enumerate(regions):
             task = TASK_BY_TYPE.get(region.type)
             result.regions.append(RegionResult(region.order, region.type, region.bbox, region.score, task))
-            if region.type == "figure":
-                result.regions[-1].image = image.crop(region.bbox)
+            if region.type == "figure":  # a picture; the words in it (its lines) are its text
+                result.regions[-1].image = as_is.crop(region.bbox)
+                lines = [line for line in region.lines if readable(line)] if reads_lines else []
+                if lines:
+                    result.regions[-1].task = "text"
+                    crops += [Crop(index, line, self._crop(image, line), "text") for line in lines]
             elif region.type in TEXT_TYPES and reads_lines:
                 crops += [Crop(index, line, self._crop(image, line), task) for line in region.lines if readable(line)]
             elif index in tables:
@@ -163,7 +189,13 @@ class PagePlanner:
                           for cell, table_cell in enumerate(grid.cells) for line in table_cell.lines]
             elif task is not None and readable(region.bbox):
                 crops.append(Crop(index, None, self._crop(image, region.bbox), task))
-        return PagePlan(result, crops, {index: grid for index, (grid, _) in tables.items()})
+        # a picture's ink is not counted as text (but a page that is one picture may be a
+        # photo of text that could not be parted)
+        page_area = image.width * image.height
+        pictures = [r.bbox for r in regions
+                    if r.type == "figure" and (r.bbox[2] - r.bbox[0]) * (r.bbox[3] - r.bbox[1]) < 0.5 * page_area]
+        glyphs = ink_glyphs(image, pictures) if error is None else 0
+        return PagePlan(result, crops, {index: grid for index, (grid, _) in tables.items()}, glyphs)
 
     def _table_grids(self, image: Image.Image, mask: np.ndarray,
                      regions: list[Region]) -> dict[int, tuple[TableGrid, Image.Image]]:
@@ -195,8 +227,8 @@ class PagePlanner:
             by_region.setdefault(crop.region, []).append((crop, cr))
         for index, region in enumerate(result.regions):
             mine = by_region.get(index, [])
-            if region.type == "figure":
-                continue
+            if region.type == "figure" and not mine:
+                continue  # a picture without words: not read
             if index in plan.tables or (mine and mine[0][0].line is not None):
                 region.lines = [LineResult(crop.line, cr.text.strip(), cr.stats_dict(), cr.error) for crop, cr in mine]
                 good = [line for line in region.lines if line.error is None]
@@ -221,6 +253,10 @@ class PagePlanner:
                 region.text = ""  # a text region without ink lines: nothing to read
         result.seconds["recognition"] = recognition_seconds
         result.seconds["total"] = result.seconds["layout"] + recognition_seconds
+        characters = sum(len("".join(cr.text.split())) for cr in read)
+        if plan.glyphs >= SOME_TEXT and characters < NEARLY_NOTHING * plan.glyphs:
+            result.warnings.append(f"almost nothing read: {characters} characters for about {plan.glyphs} glyphs "
+                                   f"of ink; the page may be too dim, blurred or unevenly lit to read")
         return result
 
     def _crop(self, image: Image.Image, box: Box, within: Box | None = None) -> Image.Image:
@@ -316,6 +352,24 @@ class PageOcr:
             offset += len(plan.crops)
             results.append(self.planner.fill(plan, mine, elapsed * len(mine) / max(1, len(crops))))
         return results
+
+
+def ink_glyphs(image: Image.Image, pictures: list[Box]) -> int:
+    """About how many characters of ink a page holds outside its `pictures`: the components
+    of its ink under a threshold that follows the paper's own brightness (a mean over 31 px,
+    so uneven light does not hide them), glyph-sized (4 px high or more, under a twentieth of
+    the page, 8 px of ink or more). About one a character on a page read well."""
+    import cv2
+
+    gray = np.asarray(image.convert("L"))
+    ink = cv2.adaptiveThreshold(gray, 255, cv2.ADAPTIVE_THRESH_MEAN_C, cv2.THRESH_BINARY_INV, 31, 12)
+    _, _, stats, centres = cv2.connectedComponentsWithStats(ink, connectivity=8)
+    height, area = stats[1:, cv2.CC_STAT_HEIGHT], stats[1:, cv2.CC_STAT_AREA]
+    glyph = (height >= 4) & (height <= gray.shape[0] / 20) & (area >= 8)
+    x, y = centres[1:, 0], centres[1:, 1]
+    for x0, y0, x1, y1 in pictures:
+        glyph &= ~((x >= x0) & (x < x1) & (y >= y0) & (y < y1))
+    return int(glyph.sum())
 
 
 def _source_id(source: DocumentSource) -> str:

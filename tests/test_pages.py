@@ -366,13 +366,42 @@ def test_cli_writes_markdown_and_figures_and_reports_failures(tmp_path, tiny_mod
                                  "--max-new-tokens", str(MAX_NEW_TOKENS)], capsys)
     assert code == 1
     assert f"{empty}: empty_file:" in stderr and f"{text}: unsupported_format:" in stderr
-    assert "page" in stderr  # the progress bar of a 3-page input
-    assert sorted(p.name for p in out.iterdir()) == ["report.md", "report_figures"]
-    markdown = (out / "report.md").read_text()
+    # a line per page as it is read, then the total
+    assert [line.split(" (")[0] for line in stderr.splitlines() if " pages (" in line] == \
+        [f"gravityocr ocr: {n}/3 pages" for n in (1, 2, 3)]
+    assert f"gravityocr ocr: 3/3 pages ({good} page 3, " in stderr and "gravityocr ocr: 3 pages read in " in stderr
+    # named as `gravityocr batch` names it: the input's file name, extension kept
+    assert sorted(p.name for p in out.iterdir()) == ["report.pdf.md", "report.pdf_figures"]
+    markdown = (out / "report.pdf.md").read_text()
     assert markdown.count("<!-- page ") == 3
-    (figure,) = list((out / "report_figures").iterdir())
-    assert f"![figure](report_figures/{figure.name})" in markdown
+    (figure,) = list((out / "report.pdf_figures").iterdir())
+    assert f"![figure](report.pdf_figures/{figure.name})" in markdown
     assert Image.open(figure).size[0] > 100
+
+
+def test_cli_shows_a_one_page_input_as_it_is_read_and_gives_the_engine_one_thread(tmp_path, tiny_model_dir, capsys,
+                                                                                    monkeypatch):
+    """A one-page input gets its progress line too; the engine decodes on one torch thread,
+    as the batch job's engine actors and serve's replicas do, whatever the process's count."""
+    import torch
+
+    from gravityocr.model.engine import threads
+
+    page = tmp_path / "notice.png"
+    page.write_bytes((Path(__file__).resolve().parents[1] / "samples" / "notice.png").read_bytes())
+    monkeypatch.setattr(threads, "_reserved", None)  # as in a fresh process
+    torch.set_num_threads(2)  # a process allowed two threads (reserve_for_engine sets it back to one)
+    code, stdout, stderr = _cli([str(page), "--model", str(tiny_model_dir), "--max-new-tokens", str(MAX_NEW_TOKENS)],
+                                capsys)
+    assert code == 0 and stdout.strip()
+    assert threads.engine_threads() == 1 and torch.get_num_threads() == 1
+    assert re.search(rf"^gravityocr ocr: 1/1 pages \({re.escape(str(page))} page 1, [0-9.]+ s\)\n"
+                     r"gravityocr ocr: 1 page read in [0-9.]+ s$", stderr, re.M), stderr
+
+
+def test_cli_output_names_keep_the_extension_as_the_batch_job_does():
+    assert ocr_cli._output_names(["a/x.pdf", "b/x.pdf", "c/x.png", "notes", "x.pdf"]) == {
+        "a/x.pdf": "x.pdf", "b/x.pdf": "x-2.pdf", "c/x.png": "x.png", "notes": "notes", "x.pdf": "x-3.pdf"}
 
 
 def test_cli_json_to_stdout(tmp_path, tiny_model_dir, multi_page_tiff, capsys):
@@ -380,7 +409,8 @@ def test_cli_json_to_stdout(tmp_path, tiny_model_dir, multi_page_tiff, capsys):
     scan.write_bytes(multi_page_tiff[0])
     code, stdout, stderr = _cli([str(scan), "--model", str(tiny_model_dir), "--format", "json", "--mode", "ar",
                                  "--max-new-tokens", str(MAX_NEW_TOKENS), "--no-progress"], capsys)
-    assert code == 0 and stderr == ""
+    # three tokens a crop read almost nothing of a page: each page says so, nothing else is said
+    assert code == 0 and all(": warning: almost nothing read: " in line for line in stderr.splitlines())
     (line,) = stdout.splitlines()
     document = json.loads(line)
     _validator("document").validate(document)
@@ -430,9 +460,9 @@ def test_cli_json_writes_an_error_record_for_a_bad_file_among_good_ones(tmp_path
     # with --out: one .json per input, the bad one's naming its error
     out = tmp_path / "out"
     code, _, _ = _cli([str(sample), str(cut), *argv[3:], "--out", str(out)], capsys)
-    assert code == 1 and sorted(p.name for p in out.iterdir()) == ["cut.json", "notice.json"]
-    assert json.loads((out / "cut.json").read_text())["error"]["reason"] == "corrupt"
-    assert _untimed(json.loads((out / "notice.json").read_text())) == _untimed(good)
+    assert code == 1 and sorted(p.name for p in out.iterdir()) == ["cut.png.json", "notice.png.json"]
+    assert json.loads((out / "cut.png.json").read_text())["error"]["reason"] == "corrupt"
+    assert _untimed(json.loads((out / "notice.png.json").read_text())) == _untimed(good)
 
 
 def _untimed(document: dict) -> dict:
