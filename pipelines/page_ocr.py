@@ -289,12 +289,10 @@ class PageOcr:
         def flush() -> None:
             if not batch:
                 return
-            results = self.read_pages([page for page, _ in batch])
+            results = self.read_pages([page for page, _ in batch], on_page=on_page)
             for (_, state), page_result in zip(batch, results):
                 state.result.pages.append(page_result)
                 state.in_flight -= 1
-                if on_page:
-                    on_page(page_result)
             batch.clear()
 
         def completed() -> Iterator[DocumentResult]:
@@ -331,26 +329,36 @@ class PageOcr:
     # --- pages -------------------------------------------------------------------------
 
     def read_pages(self, pages: list[Page], submit: Submit | None = None,
-                   regions: list[list[Region]] | None = None) -> list[PageResult]:
+                   regions: list[list[Region]] | None = None,
+                   on_page: Callable[[PageResult], None] | None = None) -> list[PageResult]:
         """Layout of every page, then all their crops to the recogniser at once. `submit`:
         where the crops' engine requests go (default: the recogniser's own loop);
-        `regions`: each page's regions, when the caller knows them (`PagePlanner.plan`)."""
+        `regions`: each page's regions, when the caller knows them (`PagePlanner.plan`);
+        `on_page` sees each page, in order, as soon as its own crops are read (the others'
+        may still be decoding)."""
         plans = [self.planner.plan(page, regions[n] if regions else None) for n, page in enumerate(pages)]
         crops = [crop for plan in plans for crop in plan.crops]
         start = time.perf_counter()
         try:
-            read = self.recognizer.recognize([(crop.image, crop.task) for crop in crops], submit)
+            futures = self.recognizer.submit([(crop.image, crop.task) for crop in crops], submit)
         except Exception as error:  # noqa: BLE001 - one broken batch must not end the run
+            from concurrent.futures import Future
+
             from gravityocr.pipelines.recognizer import CropResult
 
             log.exception("recogniser failed")
-            read = [CropResult("", error=f"recogniser failed: {type(error).__name__}: {error}") for _ in crops]
-        elapsed = time.perf_counter() - start
+            futures = [Future() for _ in crops]
+            for future in futures:
+                future.set_result(CropResult("", error=f"recogniser failed: {type(error).__name__}: {error}"))
         results, offset = [], 0
         for plan in plans:
-            mine = read[offset:offset + len(plan.crops)]
+            mine = [future.result() for future in futures[offset:offset + len(plan.crops)]]
             offset += len(plan.crops)
-            results.append(self.planner.fill(plan, mine, elapsed * len(mine) / max(1, len(crops))))
+            # the batch's time so far, shared by the crops read so far
+            share = (time.perf_counter() - start) * len(mine) / max(1, offset)
+            results.append(self.planner.fill(plan, mine, share))
+            if on_page:
+                on_page(results[-1])
         return results
 
 
