@@ -49,7 +49,7 @@ from gravityocr.pipelines.assembly import PageResult, document_markdown, figure_
 from gravityocr.pipelines.layout import LAYOUT_BACKENDS, LINE_SPLITTERS
 from gravityocr.pipelines.page_ocr import Crop, PageOcrConfig, PagePlan, PagePlanner
 from gravityocr.pipelines.progress import BatchProgress
-from gravityocr.pipelines.storage import StorageLocation, exists, list_objects, read_bytes, resolve, write_atomic
+from gravityocr.pipelines.storage import StorageError, StorageLocation, exists, list_objects, read_bytes, resolve, write_atomic
 from gravityocr.pipelines.tables import TableGrid
 
 log = logging.getLogger(__name__)
@@ -373,7 +373,9 @@ def run_batch_job(config: BatchJobConfig, progress: "BatchProgress | None" = Non
         progress.documents = len(todo)
     if todo:
         if not ray.is_initialized():
-            ray.init(address=config.address, log_to_driver=False)
+            # Ray's start-up notes (INFO) are not the job's news: it prints its own progress
+            # (pipelines/progress.py)
+            ray.init(address=config.address, log_to_driver=False, logging_level=logging.WARNING)
         cpus, gpus = _cluster_resources()
         resources = actor_resources(cpus, gpus, config.max_actors)
         threads = max(1, int(resources["num_cpus"]))
@@ -489,7 +491,10 @@ def run(args) -> int:
         model=args.model, pages_per_batch=args.pages_per_batch, layout=args.layout,
         lines=args.lines, max_new_tokens=args.max_new_tokens, actor_resources=args.actor_resources,
     )
-    summary = run_batch_job(config, BatchProgress())
+    try:
+        summary = run_batch_job(config, BatchProgress())
+    except StorageError as error:  # a folder that is a file, a bucket that does not exist ...
+        raise SystemExit(f"gravityocr batch: {error}") from None
     print(f"documents: {summary.documents} ({summary.documents_failed} failed, {summary.documents_skipped} "
           f"already complete)   pages: {summary.pages} ({summary.page_errors} with errors)   "
           f"{summary.pages_per_second:.2f} pages/s   TPF {summary.tpf:.2f} ({summary.speculative_rounds} speculative "
