@@ -28,8 +28,12 @@ from gravityocr.pipelines.layout import ink_mask
 
 WORKING_SIDE = 512  # pixels on the longer side of the reduced copy the paper is estimated on
 CLOSING = 1 / 40  # the closing's width as a share of the page's longer side: wider than a text line
-UNEVEN = 0.12  # paper darker than its brightest by this share somewhere on the page: uneven light
-LOW_CONTRAST = 0.5  # ink within this share of the paper's brightness of it: too faint
+# Paper darker than its brightest by this share somewhere on the page: uneven light (a born-
+# digital table's shaded cells stay under it, a lamp from one side goes far past it).
+UNEVEN = 0.2
+# Ink within this share of the paper's brightness of it: too faint (a born-digital page's light
+# grey text and tinted cells stay above it and read as they are; docs/page-pipeline.md).
+LOW_CONTRAST = 0.3
 BORDER = 0.03  # a photo's view past the page's edge lies within this share of its shorter side of the border
 
 
