@@ -100,8 +100,17 @@ ENGINE_BATCH_SIZE = MetricSpec(
     "Sequences in the engine's current decoding batch, per engine actor.", ("engine",))
 QUEUE_DEPTH = MetricSpec(
     PREFIX + "queue_depth", "gauge",
-    "Items waiting in a queue (engine: requests not yet admitted to a batch), per engine actor.",
+    "Items waiting in a queue, per engine actor (engine: requests not yet admitted to a batch; online, "
+    "batch: those of each lane of a Serve replica's engine).",
     ("queue", "engine"))
+ADMITTED_CROPS = MetricSpec(
+    PREFIX + "admitted_crops", "counter",
+    "Crops a Serve replica's engine admitted into its batch, by lane (online requests first, then the batch "
+    "job's pages in the slots left free).", ("lane",))
+LANE_PAGES = MetricSpec(
+    PREFIX + "lane_pages", "counter",
+    "Pages a Serve replica read, by lane (online: /v1/ocr requests; batch: pages of a batch job run "
+    "with --serve-app).", ("lane",))
 ENGINE_ACTORS_ALIVE = MetricSpec(
     PREFIX + "engine_actors_alive", "gauge",
     "1 while an engine actor is up (sum over series = engine actors alive), by device.",
@@ -125,8 +134,8 @@ ROUND_SPECULATIVE, ROUND_AR = "speculative", "ar"
 
 METRICS: tuple[MetricSpec, ...] = (
     DOCUMENTS, PAGES, PAGE_ERRORS, COMMITTED_TOKENS, FORWARD_PASSES, TOKENS_PER_FORWARD,
-    ACCEPTED_DRAFTS, ENGINE_BATCH_SIZE, QUEUE_DEPTH, ENGINE_ACTORS_ALIVE, REQUEST_LATENCY,
-    ABANDONED_ENGINE_REQUESTS, DECODE_ROUNDS)
+    ACCEPTED_DRAFTS, ENGINE_BATCH_SIZE, QUEUE_DEPTH, ADMITTED_CROPS, LANE_PAGES, ENGINE_ACTORS_ALIVE,
+    REQUEST_LATENCY, ABANDONED_ENGINE_REQUESTS, DECODE_ROUNDS)
 
 METRIC_NAMES: tuple[str, ...] = tuple(spec.name for spec in METRICS)
 
@@ -277,6 +286,16 @@ def set_queue_depth(n: int, queue: str = "engine") -> None:
     """Items waiting in this process's queue of the given name."""
     if _ray_connected():
         _set(QUEUE_DEPTH, n, queue=queue, engine=_engine_id())
+
+
+def record_admitted_crops(lane: str, count: int) -> None:
+    """`count` crops admitted into this replica's engine from `lane` (online or batch)."""
+    _inc(ADMITTED_CROPS, count, lane=lane)
+
+
+def record_lane_page(lane: str, count: int = 1) -> None:
+    """Pages this replica read for `lane` (online or batch)."""
+    _inc(LANE_PAGES, count, lane=lane)
 
 
 def engine_actor_started(device: str = "cpu") -> None:

@@ -29,7 +29,6 @@ links); the document's markdown is KEY.md.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import io
 import json
@@ -46,41 +45,14 @@ import pyarrow.parquet as pq
 from gravityocr import metrics
 from gravityocr.model.decode.settings import DecodeSettings, add_decode_arguments, decode_settings_from_args
 from gravityocr.pipelines.assembly import PageResult, document_markdown, figure_prefix_for, figures_folder
+from gravityocr.pipelines.batch_rows import PAGE_SCHEMA, PLANNED_SCHEMA, planned_fields, png
 from gravityocr.pipelines.layout import LAYOUT_BACKENDS, LINE_SPLITTERS
-from gravityocr.pipelines.page_ocr import Crop, PageOcrConfig, PagePlan, PagePlanner
+from gravityocr.pipelines.page_ocr import PageOcrConfig, PagePlanner
+from gravityocr.pipelines.page_readers import DEFAULT_SERVE_APP, PageReader, ServePageReader
 from gravityocr.pipelines.progress import BatchProgress
 from gravityocr.pipelines.storage import StorageError, StorageLocation, exists, list_objects, read_bytes, resolve, write_atomic
-from gravityocr.pipelines.tables import TableGrid
 
 log = logging.getLogger(__name__)
-
-PAGE_SCHEMA = pa.schema([
-    ("document_id", pa.string()),
-    ("page_number", pa.int32()),
-    ("page_count", pa.int32()),
-    ("width", pa.int32()),
-    ("height", pa.int32()),
-    ("markdown", pa.string()),
-    ("regions_json", pa.string()),
-    ("committed_tokens", pa.int64()),
-    ("forward_passes", pa.int64()),
-    ("error_reason", pa.string()),
-    ("error_message", pa.string()),
-    ("mode", pa.string()),
-    ("node_id", pa.string()),  # the Ray node whose engine actor read the page
-])
-# What the engine actors hand the write stage: a page row and its figure crops as PNG,
-# which the write stage writes beside the markdown (never into the Parquet row).
-FIGURES_TYPE = pa.list_(pa.struct([("name", pa.string()), ("png", pa.binary())]))
-READ_SCHEMA = PAGE_SCHEMA.append(pa.field("figures", FIGURES_TYPE))
-# What the layout stage hands the engine actors: the page's fields, its plan (the unread page
-# result and its crops' places, JSON), its crops and figures as PNG; no page image.
-PLANNED_SCHEMA = pa.schema([
-    ("document_id", pa.string()), ("page_number", pa.int32()), ("page_count", pa.int32()), ("width", pa.int32()),
-    ("height", pa.int32()), ("dpi", pa.float64()), ("error_reason", pa.string()), ("error_message", pa.string()),
-    ("plan_json", pa.string()), ("crops", pa.list_(pa.binary())), ("figures", FIGURES_TYPE),
-])
-
 
 @dataclass
 class BatchJobConfig:
@@ -99,6 +71,20 @@ class BatchJobConfig:
     lines: str = PageOcrConfig.lines  # see layout.LINE_SPLITTERS
     max_new_tokens: int | None = None  # cap on every region's output (None: the recogniser's defaults)
     actor_resources: dict[str, float] = field(default_factory=dict)  # custom resources each engine actor needs
+    # A running Serve application whose replicas read the pages (their batch lane) instead
+    # of engine actors of the job's own; its settings then decide how crops are decoded.
+    serve_app: str | None = None
+
+    def check(self) -> None:
+        """Raise ValueError for a job that cannot run as configured."""
+        if self.min_actors < 1 or self.max_actors < self.min_actors:
+            raise ValueError(f"need 1 <= --min-actors <= --max-actors, got {self.min_actors}, {self.max_actors}")
+        if self.pages_per_batch < 1:
+            raise ValueError(f"--pages-per-batch must be at least 1, got {self.pages_per_batch}")
+
+
+ENGINE_ACTORS = "actors"
+SERVE_ENGINE_PREFIX = "serve:"
 
 
 @dataclass
@@ -113,6 +99,7 @@ class BatchSummary:
     committed_tokens: int = 0
     forward_passes: int = 0
     tpf: float = 0.0
+    engine: str = ENGINE_ACTORS  # which engines read the pages: the job's own actors, or "serve:APP"
     # Rounds the regions took part in: speculative ones, and AR ones (AR mode, or on a CPU a
     # batch past speculative_max_batch, where they decode faster; they pull TPF towards 1).
     speculative_rounds: int = 0
@@ -154,7 +141,7 @@ def render_document(row: dict, source: StorageLocation, dpi: float) -> list[dict
     try:
         document = open_document(key, read_bytes(source, key), dpi)
         for page in document.pages():
-            rows.append({"document_id": key, "page_number": page.page_number, "png": _png(page.image),
+            rows.append({"document_id": key, "page_number": page.page_number, "png": png(page.image),
                          "width": page.width, "height": page.height, "dpi": float(page.dpi or 0),
                          "error_reason": None, "error_message": None})
     except DocumentError as error:
@@ -179,7 +166,6 @@ def plan_pages(batch: pa.Table, layout: str, lines: str, dpi: float) -> pa.Table
     image itself goes no further. An unrendered page passes through as it is."""
     from PIL import Image
 
-    from gravityocr.pipelines.assembly import figure_crops, figure_png
     from gravityocr.pipelines.documents import Page
 
     planner = _planner(layout, lines, dpi)
@@ -191,91 +177,9 @@ def plan_pages(batch: pa.Table, layout: str, lines: str, dpi: float) -> pa.Table
             image = Image.open(io.BytesIO(row["png"])).convert("RGB")
             plan = planner.plan(Page(row["document_id"], row["page_number"], image, row["width"], row["height"],
                                      row["dpi"] or None))
-            record["plan_json"] = json.dumps({"page": plan.result.to_dict(),
-                                              "crops": [{"region": c.region, "line": c.line, "task": c.task,
-                                                         "cell": c.cell} for c in plan.crops],
-                                              "tables": {str(index): grid.to_dict()
-                                                         for index, grid in plan.tables.items()},
-                                              "glyphs": plan.glyphs})
-            record["crops"] = [_png(crop.image) for crop in plan.crops]
-            record["figures"] = [{"name": name, "png": figure_png(figure)} for name, figure in figure_crops([plan.result])]
+            record.update(planned_fields(plan))
         out.append(record)
     return pa.Table.from_pylist(out, schema=PLANNED_SCHEMA)
-
-
-def _png(image) -> bytes:
-    """A page or crop on its way between stages: lossless, fast to write (the text is read from it)."""
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG", compress_level=1)
-    return buffer.getvalue()
-
-
-def plan_from_row(row: dict) -> PagePlan:
-    """The page plan `plan_pages` wrote into a row."""
-    from PIL import Image
-
-    record = json.loads(row["plan_json"])
-    crops = [Crop(c["region"], tuple(c["line"]) if c["line"] is not None else None,
-                  Image.open(io.BytesIO(png)).convert("RGB"), c["task"], c["cell"])
-             for c, png in zip(record["crops"], row["crops"])]
-    tables = {int(index): TableGrid.from_dict(grid) for index, grid in record["tables"].items()}
-    return PagePlan(PageResult.from_dict(record["page"]), crops, tables, record.get("glyphs", 0))
-
-
-# --- stage 3: read crops (engine actors) --------------------------------------------------
-
-class PageReader:
-    """An engine actor: one recogniser and its long-lived engine loop. Its `__call__` is
-    async, so Ray Data keeps several page batches in flight on one actor and their crops
-    decode in the same engine rounds; each page is handed on as soon as its last crop is read."""
-
-    def __init__(self, model: str | None, decode: DecodeSettings, threads: int, max_new_tokens: int | None):
-        import ray
-
-        from gravityocr.model.engine.threads import reserve_for_engine
-        from gravityocr.model.network.devices import resolve_device
-        from gravityocr.model.network.loading import DEFAULT_MODEL_DIR
-        from gravityocr.pipelines.recognizer import CropRecognizer, RecognizerConfig
-
-        reserve_for_engine(threads)
-        self.mode = decode.mode
-        self.node_id = ray.get_runtime_context().get_node_id()
-        settings = RecognizerConfig(decode=decode)
-        device, dtype = resolve_device("auto")  # the GPU Ray assigned this actor, if any
-        self.crops = CropRecognizer.load(model or DEFAULT_MODEL_DIR,
-                                         settings.capped(max_new_tokens) if max_new_tokens else settings,
-                                         dtype=dtype, device=device)
-        metrics.engine_actor_started(device)
-
-    async def __call__(self, batch: pa.Table):
-        """The batch's crops go to the engine in one call (scheduled as `gravityocr ocr`
-        schedules the same pages); each page is yielded as soon as its own crops are read."""
-        rows = batch.to_pylist()
-        plans = [plan_from_row(row) if row["error_reason"] is None else None for row in rows]
-        start = time.perf_counter()
-        futures = iter(self.crops.submit([(crop.image, crop.task) for plan in plans if plan for crop in plan.crops]))
-        pending = [asyncio.ensure_future(self._page(row, plan, [next(futures) for _ in plan.crops] if plan else [], start))
-                   for row, plan in zip(rows, plans)]
-        for page in asyncio.as_completed(pending):
-            yield pa.Table.from_pylist([await page], schema=READ_SCHEMA)
-
-    async def _page(self, row: dict, plan: PagePlan | None, futures: list, start: float) -> dict:
-        from gravityocr.pipelines.assembly import page_markdown
-
-        record = {name: row.get(name) for name in PAGE_SCHEMA.names}
-        record.update(mode=self.mode, node_id=self.node_id, figures=row["figures"])
-        if plan is None:  # the document could not be rendered
-            record.update(markdown="", regions_json="null", committed_tokens=0, forward_passes=0)
-            return record
-        read = await asyncio.gather(*(asyncio.wrap_future(future) for future in futures))
-        result = PagePlanner.fill(plan, list(read), time.perf_counter() - start)
-        stats = [region.stats for region in result.regions if region.stats]
-        record.update(markdown=page_markdown(result), regions_json=json.dumps(result.to_dict()),
-                      committed_tokens=sum(s["committed_tokens"] for s in stats),
-                      forward_passes=sum(s["forward_passes"] for s in stats))
-        if result.error:
-            record.update(error_reason="layout_failed", error_message=result.error)
-        return record
 
 
 # --- stage 4: write pages (CPU tasks) -----------------------------------------------------
@@ -353,6 +257,51 @@ def _storage_runtime_env() -> dict | None:
     return {"env_vars": env_vars} if env_vars else None
 
 
+def _read_stage(config: BatchJobConfig) -> dict:
+    """The read stage's `map_batches` arguments: engine actors of the job's own, or one
+    light reader that sends each page to the Serve application's replicas."""
+    import ray
+
+    if config.serve_app:
+        limits = serve_lane_limits(config.serve_app)
+        in_flight = limits["pages_in_flight"]
+        return {"fn": ServePageReader, "fn_constructor_kwargs": {"app_name": config.serve_app,
+                                                                 "pages_in_flight": in_flight},
+                # one reader holds the job's bound; enough batches on it to keep that many pages sent
+                "compute": ray.data.ActorPoolStrategy(
+                    size=1, max_tasks_in_flight_per_actor=-(-in_flight // config.pages_per_batch) + 1),
+                "num_cpus": 0.1}
+    cpus, gpus = _cluster_resources()
+    resources = actor_resources(cpus, gpus, config.max_actors)
+    return {"fn": PageReader,
+            "fn_constructor_kwargs": {"model": config.model, "decode": config.decode,
+                                      "threads": max(1, int(resources["num_cpus"])),
+                                      "max_new_tokens": config.max_new_tokens},
+            # Ray Data restarts a dead engine actor and retries its batch (max_restarts and
+            # max_task_retries default to -1 for actor pools): a killed actor loses no page.
+            "compute": ray.data.ActorPoolStrategy(min_size=config.min_actors, max_size=config.max_actors),
+            "resources": config.actor_resources or None, **resources}
+
+
+class ServeAppNotFound(Exception):
+    """--serve-app names no application running on the job's Ray cluster."""
+
+
+def serve_lane_limits(app_name: str) -> dict:
+    """The batch-lane bounds the running Serve application `app_name` gives
+    (`OcrService.lane_limits`); a clear error when there is no such application."""
+    from ray import serve
+    from ray.serve.exceptions import RayServeException
+
+    try:
+        handle = serve.get_app_handle(app_name)
+    except RayServeException as error:
+        raise ServeAppNotFound(f"no Serve application {app_name!r} on this Ray cluster ({error}); start one "
+                               f"with `gravityocr serve --address ADDRESS` (its app is {DEFAULT_SERVE_APP!r}), "
+                               "or name the running one with --serve-app NAME") from None
+    return handle.lane_limits.remote().result()
+
+
 def run_batch_job(config: BatchJobConfig, progress: "BatchProgress | None" = None) -> BatchSummary:
     """Run the job; `progress` (the CLI's) hears of each page and document as it finishes."""
     import ray
@@ -361,7 +310,8 @@ def run_batch_job(config: BatchJobConfig, progress: "BatchProgress | None" = Non
     source = resolve(config.input_uri, config.endpoint_url)
     destination = resolve(config.output_uri, config.endpoint_url)
     documents = list_objects(source)
-    summary = BatchSummary(documents=len(documents))
+    summary = BatchSummary(documents=len(documents),
+                           engine=SERVE_ENGINE_PREFIX + config.serve_app if config.serve_app else ENGINE_ACTORS)
     if config.resume:
         todo = [d for d in documents if not exists(destination, markdown_key(d.key))]
         summary.documents_skipped = len(documents) - len(todo)
@@ -376,9 +326,6 @@ def run_batch_job(config: BatchJobConfig, progress: "BatchProgress | None" = Non
             # Ray's start-up notes (INFO) are not the job's news: it prints its own progress
             # (pipelines/progress.py)
             ray.init(address=config.address, log_to_driver=False, logging_level=logging.WARNING)
-        cpus, gpus = _cluster_resources()
-        resources = actor_resources(cpus, gpus, config.max_actors)
-        threads = max(1, int(resources["num_cpus"]))
         ctx = ray.data.DataContext.get_current()
         ctx.enable_progress_bars = False
         runtime_env = _storage_runtime_env()
@@ -388,18 +335,8 @@ def run_batch_job(config: BatchJobConfig, progress: "BatchProgress | None" = Non
                       runtime_env=runtime_env)
             .map_batches(plan_pages, fn_kwargs={"layout": config.layout, "lines": config.lines, "dpi": config.dpi},
                          batch_size=1, batch_format="pyarrow", num_cpus=0.25, runtime_env=runtime_env)
-            .map_batches(
-                PageReader,
-                fn_constructor_kwargs={"model": config.model, "decode": config.decode, "threads": threads,
-                                       "max_new_tokens": config.max_new_tokens},
-                batch_size=config.pages_per_batch, batch_format="pyarrow",
-                # Ray Data restarts a dead engine actor and retries its batch (max_restarts and
-                # max_task_retries default to -1 for actor pools): a killed actor loses no page.
-                compute=ray.data.ActorPoolStrategy(min_size=config.min_actors, max_size=config.max_actors),
-                resources=config.actor_resources or None,
-                runtime_env=runtime_env,
-                **resources,
-            )
+            .map_batches(**_read_stage(config), batch_size=config.pages_per_batch,
+                         batch_format="pyarrow", runtime_env=runtime_env)
             .map_batches(write_pages, fn_kwargs={"destination": destination}, batch_format="pyarrow",
                          batch_size=None, num_cpus=0.25, runtime_env=runtime_env)
         )
@@ -458,9 +395,14 @@ def add_arguments(parser) -> None:
     parser.add_argument("output", help="local folder, file://… or s3://bucket/prefix for markdown and Parquet")
     parser.add_argument("--address", help="Ray cluster address (default: a local Ray started for the job)")
     parser.add_argument("--endpoint-url", help="S3-compatible endpoint (MinIO, Ceph, …); default AWS_ENDPOINT_URL")
-    parser.add_argument("--min-actors", type=int, default=1,
+    parser.add_argument("--serve-app", nargs="?", const=DEFAULT_SERVE_APP, metavar="NAME",
+                        help="read the pages through the running Serve application NAME on the cluster given by "
+                             f"--address (default NAME: {DEFAULT_SERVE_APP}): its replicas' engines, after their "
+                             "online requests, instead of engine actors of the job's own; the application's "
+                             "settings then decide the model and decoding")
+    parser.add_argument("--min-actors", type=int, default=None,
                         help="engine actors the pool keeps however little work there is (default: 1)")
-    parser.add_argument("--max-actors", type=int, default=2,
+    parser.add_argument("--max-actors", type=int, default=None,
                         help="engine actors the pool grows to while pages wait (default: 2)")
     parser.add_argument("--resume", action="store_true", help="skip documents whose outputs are complete")
     parser.add_argument("--dpi", type=float, default=PageOcrConfig.dpi,
@@ -478,22 +420,36 @@ def add_arguments(parser) -> None:
     add_decode_arguments(parser, with_mode=True)
 
 
+# Flags that set up the job's own engine actors: with --serve-app the application's replicas
+# read the pages under the application's own settings, so these would be silently ignored.
+ENGINE_FLAGS = {"model": "--model", "max_new_tokens": "--max-new-tokens", "min_actors": "--min-actors",
+                "max_actors": "--max-actors", "actor_resources": "--actor-resources", "mode": "--mode",
+                "block_size": "--block-size", "speculative_max_batch": "--speculative-max-batch"}
+
+
 def run(args) -> int:
-    if args.min_actors < 1 or args.max_actors < args.min_actors:
-        raise SystemExit(f"need 1 <= --min-actors <= --max-actors, got {args.min_actors}, {args.max_actors}")
+    if args.serve_app:
+        given = [flag for name, flag in ENGINE_FLAGS.items() if getattr(args, name, None) not in (None, {})]
+        if given:
+            raise SystemExit(f"gravityocr batch: {', '.join(given)} set up the job's own engine actors; with "
+                             f"--serve-app the application {args.serve_app!r} reads the pages with its own "
+                             "settings (its Serve config, or `gravityocr serve`'s flags)")
     try:
         decode = decode_settings_from_args(args)
+        config = BatchJobConfig(
+            input_uri=args.input, output_uri=args.output, endpoint_url=args.endpoint_url, address=args.address,
+            min_actors=1 if args.min_actors is None else args.min_actors,
+            max_actors=2 if args.max_actors is None else args.max_actors, resume=args.resume, dpi=args.dpi,
+            decode=decode, model=args.model, pages_per_batch=args.pages_per_batch, layout=args.layout,
+            lines=args.lines, max_new_tokens=args.max_new_tokens, actor_resources=args.actor_resources,
+            serve_app=args.serve_app,
+        )
+        config.check()
     except ValueError as error:
         raise SystemExit(f"gravityocr batch: {error}") from None
-    config = BatchJobConfig(
-        input_uri=args.input, output_uri=args.output, endpoint_url=args.endpoint_url, address=args.address,
-        min_actors=args.min_actors, max_actors=args.max_actors, resume=args.resume, dpi=args.dpi, decode=decode,
-        model=args.model, pages_per_batch=args.pages_per_batch, layout=args.layout,
-        lines=args.lines, max_new_tokens=args.max_new_tokens, actor_resources=args.actor_resources,
-    )
     try:
         summary = run_batch_job(config, BatchProgress())
-    except StorageError as error:  # a folder that is a file, a bucket that does not exist ...
+    except (StorageError, ServeAppNotFound) as error:  # a folder that is a file, a bucket that does not exist ...
         raise SystemExit(f"gravityocr batch: {error}") from None
     print(f"documents: {summary.documents} ({summary.documents_failed} failed, {summary.documents_skipped} "
           f"already complete)   pages: {summary.pages} ({summary.page_errors} with errors)   "
@@ -501,7 +457,7 @@ def run(args) -> int:
           f"rounds, {summary.ar_rounds} AR rounds)   {summary.seconds:.1f} s")
     for error in summary.errors:
         print(f"  error {error['document_id']} page {error['page_number']}: {error['reason']}: {error['message']}")
-    print(f"outputs: {config.output_uri}")
+    print(f"outputs: {config.output_uri}   read by: {summary.engine}")
     if summary.documents_failed:
         print(f"gravityocr batch: {summary.documents_failed} of {summary.documents} documents failed (exit code "
               f"{EXIT_DOCUMENTS_FAILED}); their error rows are in the Parquet output, --resume reads them again",

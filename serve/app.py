@@ -8,6 +8,15 @@ mid-decode joins the next round. Endpoints:
   POST /v1/chat/completions  OpenAI-compatible, one image as a data: URL, as vLLM serves GLM-OCR;
                              `stream: true` answers server-sent events, a chunk per decode round
   GET  /healthz, /readyz     process up; model loaded
+and, for `gravityocr batch --serve-app` through a deployment handle (no HTTP route):
+  read_planned_page(row)     one planned page of the batch job, read in the engine's batch lane
+  lane_limits()              how many of those pages a job keeps in flight
+
+Online requests decode in the engine loop's online lane and batch pages in its batch lane,
+which only fills the slots online work leaves free (model/engine/loop.py); a replica reads
+at most `batch_pages_per_replica` batch pages at once, and the job sends no more than the
+deployment's replicas can take that way, so a replica never holds an unbounded queue and
+Serve's autoscaling counts the job's pages as ongoing requests beside the online ones.
 """
 
 # No `from __future__ import annotations` here: FastAPI resolves the endpoint signatures
@@ -15,6 +24,7 @@ mid-decode joins the next round. Endpoints:
 import asyncio
 import base64
 import binascii
+import functools
 import hmac
 import time
 import uuid
@@ -24,9 +34,11 @@ from typing import TypeVar
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ValidationError
+import ray
 from ray import serve
 
 from gravityocr import metrics
+from gravityocr.model.engine.loop import BATCH, ONLINE
 from gravityocr.serve import schemas
 from gravityocr.serve.chat_stream import ChatStream, error_event
 from gravityocr.serve.engine_requests import EngineRequests, RequestAbandoned
@@ -70,12 +82,23 @@ def _abandon(engine_requests: EngineRequests, reason: str) -> None:
     metrics.record_abandoned_engine_requests(reason, engine_requests.abandon())
 
 
-def _record_engine_step(stats, finished) -> None:
-    metrics.set_engine_batch_size(stats.batch_size)
-    metrics.set_queue_depth(stats.waiting)
-    for result in finished:
-        metrics.record_decode(metrics.WORKLOAD_ONLINE, result.task, result.stats.committed_tokens,
-                              result.stats.forward_passes, result.stats.accepted_per_round, result.stats.ar_rounds)
+class _EngineStepMetrics:
+    """The engine loop's `on_step`: batch size, each lane's queue depth and admissions, and
+    the online lane's decode counts (the batch job's driver records its pages' own)."""
+
+    def __init__(self):
+        self.admitted: dict[str, int] = {}
+
+    def __call__(self, stats, finished, lanes) -> None:
+        metrics.set_engine_batch_size(stats.batch_size)
+        metrics.set_queue_depth(stats.waiting)
+        for lane, waiting in lanes.waiting.items():
+            metrics.set_queue_depth(waiting, queue=lane)
+            metrics.record_admitted_crops(lane, lanes.admitted[lane] - self.admitted.get(lane, 0))
+        self.admitted = dict(lanes.admitted)
+        for result in finished[ONLINE]:
+            metrics.record_decode(metrics.WORKLOAD_ONLINE, result.task, result.stats.committed_tokens,
+                                  result.stats.forward_passes, result.stats.accepted_per_round, result.stats.ar_rounds)
 
 
 # What raises each size limit, named in its 413 (the settings are the Serve config's `args`).
@@ -185,6 +208,7 @@ class _OcrWork:
         except DocumentError as error:
             raise HTTPProblem(DOCUMENT_ERROR_STATUS.get(error.reason, 422), f"{error.reason}: {error.message}") from None
         results = self.service.pages.read_pages(pages, submit=engine_requests.submit_all)
+        metrics.record_lane_page(ONLINE, len(results))
         stats = [region.stats for page in results for region in page.regions if region.stats]
         committed = sum(s["committed_tokens"] for s in stats)
         passes = sum(s["forward_passes"] for s in stats)
@@ -308,6 +332,7 @@ class OcrService:
         self.settings = settings
         self.token = settings.api_token()
         self.in_flight = 0
+        self.batch_gate = asyncio.Semaphore(settings.batch_pages_per_replica)  # the batch lane's pages at once
         self.ready = False
         self._load()
 
@@ -325,7 +350,7 @@ class OcrService:
                                   max_seq_len=self.settings.max_seq_len).capped(self.settings.max_new_tokens)
         # One engine loop for the replica: the crops of every /v1/ocr request and every chat
         # completion decode in the same rounds.
-        self.crops = CropRecognizer(recognizer, config, on_step=_record_engine_step)
+        self.crops = CropRecognizer(recognizer, config, on_step=_EngineStepMetrics())
         self.loop = self.crops.loop
         metrics.engine_actor_started(device)
         self.recognizer = recognizer
@@ -333,6 +358,7 @@ class OcrService:
         self.decode = self.settings.decode.resolved()  # the cap written out
         self.pages = PageOcr(self.crops, PageOcrConfig(dpi=self.settings.dpi, layout=self.settings.layout,
                                                        lines=self.settings.lines))
+        self.node_id = ray.get_runtime_context().get_node_id()
         self.ready = True
 
     # --- plumbing shared by the endpoints ------------------------------------------------
@@ -418,6 +444,40 @@ class OcrService:
 
     def _release_slot(self) -> None:
         self.in_flight -= 1
+
+    # --- the batch lane (deployment handle calls from `gravityocr batch --serve-app`) ---------
+
+    async def read_planned_page(self, row: dict) -> dict:
+        """One planned page of a batch job (a `batch_rows.PLANNED_SCHEMA` row) read in the
+        engine's batch lane: its READ_SCHEMA record, as the job's own engine actors write it.
+        At most `batch_pages_per_replica` pages read at once; the others wait here, never
+        refused (the job bounds how many it sends, `lane_limits`)."""
+        from gravityocr.pipelines.batch_rows import read_page, submit_page_crops
+
+        async with self.batch_gate:
+            submit = functools.partial(self.loop.submit_all, lane=BATCH)
+            submitted = submit_page_crops([row], self.crops, submit)[0]
+            try:
+                record = await read_page(submitted, self.decode.mode, self.node_id)
+            except asyncio.CancelledError:  # the job gave the page up: its crops leave the engine
+                for future in submitted.futures:
+                    future.cancel()
+                raise
+        metrics.record_lane_page(BATCH)
+        return record
+
+    async def lane_limits(self) -> dict:
+        """How many batch pages a job keeps in flight on this deployment: this replica's
+        `batch_pages_per_replica` for each replica the deployment may scale to, within what
+        Serve routes to a replica beside a full online load (max_ongoing_requests less
+        max_concurrent_requests, so a job never keeps online requests from a replica)."""
+        deployment = serve.get_replica_context()._deployment_config
+        autoscaling = deployment.autoscaling_config
+        replicas = autoscaling.max_replicas if autoscaling else deployment.num_replicas or 1
+        per_replica = min(self.settings.batch_pages_per_replica,
+                          max(1, deployment.max_ongoing_requests - self.settings.max_concurrent_requests))
+        return {"pages_in_flight": per_replica * replicas, "pages_per_replica": per_replica,
+                "max_replicas": replicas, "mode": self.decode.mode}
 
     # --- endpoints ----------------------------------------------------------------------
 

@@ -36,6 +36,10 @@ class ServeSettings:
     max_pages: int = 20
     request_timeout_s: float = 120.0  # then 504, and the request's crops leave the engine
     max_concurrent_requests: int = 32  # per replica; more answers 503 with Retry-After
+    # Pages of a batch job (`gravityocr batch --serve-app`) a replica reads at once, in its
+    # engine's batch lane after online requests; a job keeps at most this many per replica
+    # in flight (the deployment's max_replicas of them), and they never answer 503: they wait.
+    batch_pages_per_replica: int = 4
     retry_after_s: int = 2
     allowed_buckets: list[str] = field(default_factory=list)  # s3:// sources a request may name
     s3_endpoint_url: str | None = None
@@ -63,6 +67,8 @@ class ServeSettings:
             raise ValueError(f"layout must be one of {', '.join(LAYOUT_BACKENDS)}, got {self.layout!r}")
         if self.lines not in LINE_SPLITTERS:
             raise ValueError(f"lines must be one of {', '.join(LINE_SPLITTERS)}, got {self.lines!r}")
+        if self.batch_pages_per_replica < 1:
+            raise ValueError(f"batch_pages_per_replica must be at least 1, got {self.batch_pages_per_replica}")
 
     def api_token(self) -> str | None:
         """The bearer token requests must carry, or None when auth is off. Never logged."""

@@ -26,8 +26,8 @@ torch.set_num_threads(1)
 # Modules that start Ray (a local cluster, Serve, a batch job): one worker runs them all, one
 # at a time, so that no two clusters share the machine's ports and cores; the other tests
 # go to either worker (`--dist loadgroup` in pyproject.toml).
-RAY_MODULES = frozenset({"test_batch_job", "test_infra_prometheus", "test_metrics_export", "test_ray_cluster",
-                         "test_serve", "test_serve_cli"})
+RAY_MODULES = frozenset({"test_batch_job", "test_batch_through_serve", "test_infra_prometheus",
+                         "test_metrics_export", "test_ray_cluster", "test_serve", "test_serve_cli"})
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups

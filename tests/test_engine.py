@@ -355,7 +355,7 @@ def test_loop_withdraws_cancelled_requests_waiting_or_running(model, eos, prompt
     assert len(greedy_outputs[long_index]) > 2 * 5
     first_step, gate = threading.Event(), threading.Event()
 
-    def hold_after_first_step(stats, finished):
+    def hold_after_first_step(stats, finished, lanes):
         first_step.set()
         gate.wait(60)
 
@@ -403,6 +403,47 @@ def test_loop_streams_each_rounds_tokens_before_the_result(model, eos, prompt_po
         loop.stop()
 
 
+def test_online_requests_go_first_and_preempt_batch_ones_all_exact(model, eos, prompt_pool, greedy_outputs):
+    """Lanes: batch requests fill the slots; an online request submitted while they hold
+    every slot and more wait is admitted at the next step (a batch sequence is preempted, back
+    at the head of the backlog); every request, preempted ones included, writes its greedy output."""
+    from gravityocr.model.engine.loop import BATCH, ONLINE, EngineLoop
+
+    steps: list[tuple[set[str], dict]] = []  # per step: requests running after it, waiting per lane
+    first_step, gate = threading.Event(), threading.Event()
+    loop_box: list = []
+
+    def record(stats, finished, lanes):
+        engine = loop_box[0]._engine
+        steps.append(({s.request.request_id for s in engine.scheduler.running}, dict(lanes.waiting)))
+        first_step.set()
+        gate.wait(60)
+
+    loop = EngineLoop(lambda: engine_for(model, eos, max_batch_size=3, block_size=4), on_step=record)
+    loop_box.append(loop)
+    try:
+        batch = make_requests(8, prompt_pool)
+        batch_futures = loop.submit_all([Request(r.request_id, r.prompt, REFERENCE_MAX_NEW) for r, _ in batch],
+                                        lane=BATCH)
+        assert first_step.wait(60)
+        assert len(steps[0][0]) == 3 and steps[0][1][BATCH] == 5  # three in slots, five in the backlog
+        long_index = max(range(len(greedy_outputs)), key=lambda i: len(greedy_outputs[i]))
+        online = loop.submit(Request("online", prompt_pool[long_index], REFERENCE_MAX_NEW))
+        with pytest.raises(ValueError, match="lane"):
+            loop.submit(Request("x", prompt_pool[0], 4), lane="nightly")
+        gate.set()
+        assert online.result(60).token_ids == expected(greedy_outputs, long_index, REFERENCE_MAX_NEW)
+        assert "loop-8" in steps[1][0]  # the online request runs from the step after its submission
+        for (request, index), future in zip(batch, batch_futures):
+            assert future.result(60).token_ids == expected(greedy_outputs, index, REFERENCE_MAX_NEW)
+        lanes = loop.lanes()
+        assert lanes.preempted >= 1 and lanes.admitted == {ONLINE: 1, BATCH: 8 + lanes.preempted}
+        assert lanes.waiting == {ONLINE: 0, BATCH: 0} and loop.stats().preempted_requests == lanes.preempted
+    finally:
+        gate.set()
+        loop.stop()
+
+
 def test_the_loop_thread_runs_torch_on_the_engine_threads_and_the_caller_on_one(model, eos, prompt_pool,
                                                                                greedy_outputs):
     """The engine is built and stepped on the loop's thread with its config's torch threads;
@@ -419,7 +460,7 @@ def test_the_loop_thread_runs_torch_on_the_engine_threads_and_the_caller_on_one(
         return engine
 
     try:
-        loop = EngineLoop(build, on_step=lambda stats, finished: seen.append(
+        loop = EngineLoop(build, on_step=lambda stats, finished, lanes: seen.append(
             (threading.current_thread().name, torch.get_num_threads())))
         try:
             assert torch.get_num_threads() == 1

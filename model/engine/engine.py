@@ -41,6 +41,7 @@ class EngineStats:
     waiting: int = 0  # requests queued for a slot
     finished_requests: int = 0
     aborted_requests: int = 0  # dropped by `abort` before they finished (caller gone)
+    preempted_requests: int = 0  # taken out by `preempt` to free a slot (their callers add them again)
     committed_tokens: int = 0  # all committed tokens, the prefills' included
     forward_passes: int = 0  # per sequence, as in DecodeStats: TPF = committed / passes
     # Wall time of prefills (the vision tower included), of the vision tower, of decode
@@ -117,6 +118,21 @@ class Engine:
             self.scheduler.release(sequence)
         self._stats.aborted_requests += 1
         return True
+
+    def preempt(self, request_id: str) -> Request:
+        """Take a running or waiting request out, as `abort` does, and return it for its
+        caller to add again later: decoded again from its prompt, it writes the same tokens
+        (every output is the request's greedy decoding alone), so only the work is lost."""
+        sequence = self._sequences[request_id]
+        self.abort(request_id)
+        self._stats.aborted_requests -= 1
+        self._stats.preempted_requests += 1
+        return sequence.request
+
+    def free_slots(self) -> int:
+        """Slots the next step leaves free after admitting every waiting request (negative:
+        requests that will still wait)."""
+        return self.scheduler.max_slots - len(self.scheduler.running) - len(self.scheduler.waiting)
 
     def committed(self, request_id: str) -> list[int]:
         """The tokens committed so far for a waiting or running request (for streaming)."""

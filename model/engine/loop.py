@@ -9,6 +9,15 @@ compute go to requests someone still waits for. A caller that streams passes `on
 it is called on the loop's thread with each round's newly committed tokens, all of them
 before the future resolves.
 
+Two lanes share the engine: online requests (an HTTP caller waits) and batch requests (a
+nightly job's crops). Online requests go to the engine as they come; batch requests wait in
+the loop's backlog and join only into slots the online ones leave free. When online
+requests wait and no slot is free, the batch sequences that have committed least are
+preempted (taken out, back at the head of the backlog): a waiting online request is
+admitted at the next round whatever the batch backlog. A preempted crop is decoded again
+from its prompt and writes the same tokens (each output is the request's greedy decoding
+alone), so the lanes change who waits, never what is read.
+
 The engine is built and run on the loop's thread, which takes the process's torch threads;
 the thread that starts the loop runs torch on one thread from then on (model/engine/threads.py:
 two threads with OpenMP teams of their own on the same cores leave the engine's workers asleep
@@ -21,8 +30,10 @@ import itertools
 import logging
 import queue
 import threading
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass, field
 
 from gravityocr.model.engine.engine import Engine, EngineStats
 from gravityocr.model.engine.sequence import Request, RequestResult
@@ -30,6 +41,18 @@ from gravityocr.model.engine.threads import release_caller_threads
 
 log = logging.getLogger(__name__)
 TokenListener = Callable[[list[int]], None]
+ONLINE, BATCH = "online", "batch"  # the lanes, online first
+LANES = (ONLINE, BATCH)
+
+
+@dataclass
+class LaneStats:
+    """Per lane since the loop started: requests waiting now (submitted, not in a slot yet),
+    requests admitted into the engine (a preempted one counts again); batch sequences preempted."""
+
+    waiting: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LANES, 0))
+    admitted: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LANES, 0))
+    preempted: int = 0
 
 
 class EngineLoop:
@@ -41,8 +64,11 @@ class EngineLoop:
         self._factory = engine_factory
         self._on_step = on_step
         self._engine: Engine
-        # each item: the requests of one submit call, admitted in the same step
-        self._incoming: queue.Queue[list[tuple[Request, Future, TokenListener | None]]] = queue.Queue()
+        # each item: the lane and requests of one submit call, admitted in the same step
+        self._incoming: queue.Queue[tuple[str, list[tuple[Request, Future, TokenListener | None]]]] = queue.Queue()
+        self._backlog: deque[tuple[Request, Future]] = deque()  # batch requests not in the engine yet
+        self._batch_in_engine: dict[str, Request] = {}  # by request id: batch requests in the engine
+        self._lanes = LaneStats()
         self._futures: dict[str, Future] = {}
         self._listeners: dict[str, tuple[TokenListener, int]] = {}  # request id -> (listener, tokens sent)
         self._ids = itertools.count()
@@ -55,26 +81,31 @@ class EngineLoop:
         built.result()
         release_caller_threads()
 
-    def submit(self, request: Request, on_tokens: TokenListener | None = None) -> Future:
+    def submit(self, request: Request, on_tokens: TokenListener | None = None, lane: str = ONLINE) -> Future:
         """Queue `request` (its id is replaced by a unique one); the future resolves to its
         RequestResult, or raises the engine's error for it (e.g. RequestTooLong).
         `future.cancel()` withdraws the request, waiting or running. `on_tokens`, if given,
-        gets the committed tokens as they come, round by round."""
-        return self._queue([(request, on_tokens)])[0]
+        gets the committed tokens as they come, round by round (online lane only: a batch
+        request may be preempted and decoded again)."""
+        return self._queue([(request, on_tokens)], lane)[0]
 
-    def submit_all(self, requests: list[Request]) -> list[Future]:
+    def submit_all(self, requests: list[Request], lane: str = ONLINE) -> list[Future]:
         """Queue `requests` together: they join the engine in the same step (as far as slots
         allow, in order), so one caller's batch is scheduled the same way whenever it comes."""
-        return self._queue([(request, None) for request in requests])
+        return self._queue([(request, None) for request in requests], lane)
 
-    def _queue(self, items: list[tuple[Request, TokenListener | None]]) -> list[Future]:
+    def _queue(self, items: list[tuple[Request, TokenListener | None]], lane: str) -> list[Future]:
+        if lane not in LANES:
+            raise ValueError(f"lane must be one of {', '.join(LANES)}, got {lane!r}")
+        if lane == BATCH and any(on_tokens is not None for _, on_tokens in items):
+            raise ValueError("batch requests do not stream (a preempted one is decoded again)")
         futures = [Future() for _ in items]
         if self._stopped.is_set():
             for future in futures:
                 future.set_exception(RuntimeError("the engine loop is stopped"))
             return futures
-        self._incoming.put([(Request(f"loop-{next(self._ids)}", request.prompt, request.max_new_tokens), future,
-                             on_tokens) for (request, on_tokens), future in zip(items, futures)])
+        self._incoming.put((lane, [(Request(f"loop-{next(self._ids)}", request.prompt, request.max_new_tokens),
+                                    future, on_tokens) for (request, on_tokens), future in zip(items, futures)]))
         return futures
 
     def generate(self, requests: list[Request], timeout: float | None = None) -> list[RequestResult]:
@@ -84,41 +115,89 @@ class EngineLoop:
     def stats(self) -> EngineStats:
         stats = self._engine.stats()
         with self._incoming.mutex:  # requests submitted, not yet handed to the engine
-            stats.waiting += sum(len(items) for items in self._incoming.queue)
+            stats.waiting += sum(len(items) for _, items in self._incoming.queue)
+        stats.waiting += len(self._backlog)
         stats.aborted_requests += self._cancelled_before_admission
         return stats
+
+    def lanes(self) -> LaneStats:
+        """Each lane's waiting requests now and admissions so far (read from any thread)."""
+        waiting = dict.fromkeys(LANES, 0)
+        with self._incoming.mutex:
+            for lane, items in self._incoming.queue:
+                waiting[lane] += len(items)
+        waiting[BATCH] += len(self._backlog)
+        waiting[ONLINE] += max(0, self._engine.stats().waiting)  # only online requests wait inside the engine
+        return LaneStats(waiting, dict(self._lanes.admitted), self._lanes.preempted)
 
     def stop(self, timeout: float = 10) -> None:
         self._stopped.set()
         self._thread.join(timeout)
 
     def _admit(self, block: bool) -> None:
+        """Hand the online requests submitted since the last step to the engine; batch ones
+        join the backlog."""
         try:
-            items = self._incoming.get(timeout=0.05) if block else self._incoming.get_nowait()
+            lane, items = self._incoming.get(timeout=0.05) if block else self._incoming.get_nowait()
         except queue.Empty:
             return
         while True:
             for request, future, on_tokens in items:
                 if future.cancelled():
                     self._cancelled_before_admission += 1
-                    continue
-                try:
-                    self._engine.add_request(request)
-                    self._futures[request.request_id] = future
+                elif lane == BATCH:
+                    self._backlog.append((request, future))
+                elif self._add(request, future, ONLINE):
                     if on_tokens is not None:
                         self._listeners[request.request_id] = (on_tokens, 0)
-                except Exception as error:  # noqa: BLE001 - refused requests fail alone
-                    _resolve(future, error=error)
             try:
-                items = self._incoming.get_nowait()
+                lane, items = self._incoming.get_nowait()
             except queue.Empty:
                 return
+
+    def _add(self, request: Request, future: Future, lane: str) -> bool:
+        """Give `request` to the engine; a request it refuses fails alone (False)."""
+        try:
+            self._engine.add_request(request)
+        except Exception as error:  # noqa: BLE001 - refused requests fail alone
+            _resolve(future, error=error)
+            return False
+        self._futures[request.request_id] = future
+        self._lanes.admitted[lane] += 1
+        if lane == BATCH:
+            self._batch_in_engine[request.request_id] = request
+        return True
+
+    def _make_room_for_online(self) -> None:
+        """Preempt as many batch sequences as online requests would wait for a slot, those
+        that committed least first, back to the head of the backlog in their order."""
+        short = -self._engine.free_slots()
+        if short <= 0 or not self._batch_in_engine:
+            return
+        victims = sorted(self._batch_in_engine, key=lambda i: len(self._engine.committed(i)))[:short]
+        in_admission_order = [i for i in self._batch_in_engine if i in victims]  # dicts keep insertion order
+        for request_id in reversed(in_admission_order):
+            request = self._engine.preempt(request_id)
+            del self._batch_in_engine[request_id]
+            self._backlog.appendleft((request, self._futures.pop(request_id)))
+            self._lanes.preempted += 1
+
+    def _fill_with_batch(self) -> None:
+        """Batch requests into the slots the online ones leave free."""
+        room = self._engine.free_slots()
+        while room > 0 and self._backlog:
+            request, future = self._backlog.popleft()
+            if future.cancelled():
+                self._cancelled_before_admission += 1
+                continue
+            room -= self._add(request, future, BATCH)
 
     def _abort_cancelled(self) -> None:
         for request_id in [i for i, future in self._futures.items() if future.cancelled()]:
             self._engine.abort(request_id)
             del self._futures[request_id]
             self._listeners.pop(request_id, None)
+            self._batch_in_engine.pop(request_id, None)
 
     def _stream(self, finished: list[RequestResult]) -> None:
         """Hand every listener the tokens committed since it was last called."""
@@ -143,8 +222,10 @@ class EngineLoop:
             return
         built.set_result(None)
         while not self._stopped.is_set():
-            self._admit(block=not self._engine.has_work())
+            self._admit(block=not (self._engine.has_work() or self._backlog))
             self._abort_cancelled()
+            self._make_room_for_online()
+            self._fill_with_batch()
             if not self._engine.has_work():
                 continue
             try:
@@ -154,17 +235,21 @@ class EngineLoop:
                     _resolve(future, error=error)
                 self._futures.clear()
                 self._listeners.clear()
+                self._batch_in_engine.clear()
                 self._engine = self._factory()
                 continue
             # The round ran over the sequences still running plus those it just finished.
             self.peak_batch_size = max(self.peak_batch_size, self._engine.stats().batch_size + len(finished))
             self._stream(finished)
+            by_lane: dict[str, list[RequestResult]] = {lane: [] for lane in LANES}
             for result in finished:
+                by_lane[BATCH if self._batch_in_engine.pop(result.request_id, None) else ONLINE].append(result)
                 _resolve(self._futures.pop(result.request_id), result=result)
             if self._on_step:
-                self._on_step(self.stats(), finished)
-        for future in self._futures.values():
-            _resolve(future, error=RuntimeError("the engine loop stopped"))
+                self._on_step(self.stats(), by_lane, self.lanes())
+        stopped = RuntimeError("the engine loop stopped")
+        for future in [*self._futures.values(), *(future for _, future in self._backlog)]:
+            _resolve(future, error=stopped)
 
 
 def _resolve(future: Future, result=None, error: BaseException | None = None) -> None:
