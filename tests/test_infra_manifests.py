@@ -6,7 +6,7 @@
   <repo>/../shared/schemas/kuberay). Unknown fields are errors here too (the API server
   would silently prune them); CEL rules cannot be evaluated here, so a manifest that sets
   a field carrying one (other than immutability) fails rather than passing unchecked.
-- What the schemas cannot say: one image, one config source, the three cluster specs
+- What the schemas cannot say: one image, one config source, the two cluster specs
   kept identical, autoscaling bounds, a Serve config Ray accepts, no secret values.
 
 Overlays are rendered by a small renderer below that supports exactly the kustomize
@@ -277,8 +277,6 @@ def _cluster_specs(docs: list[dict]) -> list[tuple[dict, str]]:
         name = doc["metadata"]["name"]
         if doc["kind"] == "RayCluster":
             specs.append((doc["spec"], name))
-        elif doc["kind"] == "RayCronJob":
-            specs.append((doc["spec"]["jobTemplate"]["rayClusterSpec"], name))
         elif doc["kind"] == "RayService":
             specs.append((doc["spec"]["rayClusterConfig"], name))
     return specs
@@ -295,11 +293,13 @@ def _containers(spec: dict):
         yield from template["spec"]["containers"]
 
 
-def test_three_custom_resources_share_one_image_and_one_config(rendered):
+def test_two_clusters_and_the_nightly_job_share_one_image_and_one_config(rendered):
     target, docs = rendered
-    assert sorted(d["kind"] for d in docs if d["kind"] in RAY_KINDS) == ["RayCluster", "RayCronJob", "RayService"]
+    assert sorted(d["kind"] for d in docs if d["kind"] in RAY_KINDS) == ["RayCluster", "RayService"]
     specs = _cluster_specs(docs)
-    images = {c["image"] for spec, _ in specs for c in _containers(spec)}
+    (cron,) = _by_kind(docs, "CronJob")
+    submitters = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    images = {c["image"] for spec, _ in specs for c in _containers(spec)} | {c["image"] for c in submitters}
     assert len(images) == 1, f"{target}: more than one image: {images}"
     assert not next(iter(images)).startswith("gravityocr"), "the images transformer did not apply"
     assert {d["metadata"]["name"] for d in _by_kind(docs, "ConfigMap")} == {"gravityocr-env"}
@@ -309,27 +309,26 @@ def test_three_custom_resources_share_one_image_and_one_config(rendered):
             assert refs == {"gravityocr-env"}, where
 
 
-def test_the_three_clusters_are_one_cluster_spec(rendered):
-    """Written out three times (kustomize cannot share a subtree), kept identical but for
-    what is tuned per use: maximum sizes, idle timeouts, GPU workers kept up (the job's and
-    the service's) and the service's API token."""
+def test_the_two_clusters_are_one_cluster_spec(rendered):
+    """Written out twice (kustomize cannot share a subtree), kept identical but for what is
+    tuned per use: maximum sizes, idle timeouts, GPU workers kept up (the service's), the
+    service's API token and the Secret of its Ray token (which the nightly submitter needs)."""
     target, docs = rendered
     specs = {name: spec for spec, name in _cluster_specs(docs)}
-    cluster, cron, service = specs["gravityocr"], specs["gravityocr-nightly"], specs["gravityocr-serve"]
+    cluster, service = specs["gravityocr"], specs["gravityocr-serve"]
 
     def shape(spec: dict, ignore_replicas: bool = False) -> dict:
         spec = copy.deepcopy(spec)
         for container in _containers(spec):
             container["envFrom"] = [e for e in container["envFrom"] if e != {"secretRef": {"name": "gravityocr-api"}}]
         spec["autoscalerOptions"].pop("idleTimeoutSeconds")
+        spec["authOptions"].pop("secretName", None)
         for group in spec["workerGroupSpecs"]:
             group.pop("maxReplicas"), group.pop("idleTimeoutSeconds")  # tuned per use (overlays)
             if ignore_replicas and group["groupName"] == "gpu-workers":
                 group.pop("replicas"), group.pop("minReplicas")
         return spec
 
-    assert shape(cron, ignore_replicas=True) == shape(cluster, ignore_replicas=True), \
-        f"{target}: the nightly job's cluster differs from RayCluster gravityocr"
     assert shape(service, ignore_replicas=True) == shape(cluster, ignore_replicas=True), \
         f"{target}: the service's cluster differs"
 
@@ -342,7 +341,7 @@ def test_autoscaling_is_on_with_sensible_bounds(rendered):
         assert spec["rayVersion"] == ray.__version__, f"{where}: rayVersion is not the installed Ray"
         assert spec["enableInTreeAutoscaling"] is True
         assert spec["autoscalerOptions"]["version"] == "v2"  # per-group idle timeouts need v2
-        assert spec["authOptions"] == {"mode": "token"}
+        assert spec["authOptions"]["mode"] == "token"
         assert spec["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0", "no work on the head"
         groups = {g["groupName"]: g for g in spec["workerGroupSpecs"]}
         assert set(groups) == {"cpu-workers", "gpu-workers"}
@@ -356,24 +355,33 @@ def test_autoscaling_is_on_with_sensible_bounds(rendered):
         assert groups["cpu-workers"]["minReplicas"] == 0, f"{where}: CPU workers scale to zero"
         if where == "gravityocr":
             assert groups["gpu-workers"]["minReplicas"] == 0, "the always-on cluster holds no idle GPU"
-        else:  # the job sees GPUs at its start; the service has a warm engine
+        else:  # the service has a warm engine
             assert groups["gpu-workers"]["minReplicas"] >= 1, where
 
 
 def test_nightly_job(rendered):
+    """The nightly job is `gravityocr batch --serve-app` submitted to the RayService's cluster
+    (its head Service), presenting that cluster's Ray token: the service's replicas read it."""
     target, docs = rendered
-    (cron,) = _by_kind(docs, "RayCronJob")
+    (cron,) = _by_kind(docs, "CronJob")
+    (service,) = _by_kind(docs, "RayService")
     fields = cron["spec"]["schedule"].split()
     assert len(fields) == 5, "a standard 5-field cron schedule"
-    job = cron["spec"]["jobTemplate"]
-    words = shlex.split(job["entrypoint"])
-    assert words[:2] == ["gravityocr", "batch"]
-    args = build_parser("batch").parse_args(words[1:])  # the flags `gravityocr batch` has
+    job = cron["spec"]["jobTemplate"]["spec"]
+    (container,) = job["template"]["spec"]["containers"]
+    words = container["command"]
+    assert words[:3] == ["ray", "job", "submit"]
+    assert f"--address=http://{service['metadata']['name']}-head-svc:8265" in words
+    batch = words[words.index("--") + 1:]
+    assert batch[:2] == ["gravityocr", "batch"]
+    args = build_parser("batch").parse_args(batch[1:])  # the flags `gravityocr batch` has
     assert args.input.startswith("s3://") and args.output.startswith("s3://") and args.input != args.output
     assert args.resume, "nightly runs over a growing prefix skip what is done"
-    (gpu_group,) = [g for g in job["rayClusterSpec"]["workerGroupSpecs"] if g["groupName"] == "gpu-workers"]
-    assert args.max_actors == gpu_group["maxReplicas"], "one engine actor per GPU worker"
-    assert job["shutdownAfterJobFinishes"] is True and job["activeDeadlineSeconds"] > 0
+    (app,) = yaml.safe_load(service["spec"]["serveConfigV2"])["applications"]
+    assert args.serve_app == app["name"], "read by the service's replicas"
+    token = {e["name"]: e for e in container["env"]}["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]["name"]
+    assert token == service["spec"]["rayClusterConfig"]["authOptions"]["secretName"]
+    assert cron["spec"]["concurrencyPolicy"] == "Forbid" and job["activeDeadlineSeconds"] > 0
     assert (cron["spec"].get("suspend") is True) == (target == "overlays/dev")
 
 
@@ -398,6 +406,23 @@ def test_serve_config_is_one_ray_and_the_app_accept(rendered):
             autoscaling["max_replicas"] <= gpu_group["maxReplicas"], "one replica per GPU worker"
         assert deployment.ray_actor_options.num_gpus == 1
         assert set(deployment.ray_actor_options.resources or {}) == {"engine_worker"}
+        assert_room_for_both_lanes(ServeSettings.from_args(app.args), deployment.max_ongoing_requests,
+                                   autoscaling)
+
+
+def assert_room_for_both_lanes(settings, max_ongoing_requests: int, autoscaling: dict) -> None:
+    """A replica's Serve slots hold a full online load beside every page a batch job keeps in
+    flight (serve/app.py `lane_limits`), and the job's pages alone scale the deployment out."""
+    job_pages = settings.batch_pages_per_replica * autoscaling["max_replicas"]
+    assert max_ongoing_requests >= settings.max_concurrent_requests + job_pages
+    assert autoscaling["target_ongoing_requests"] <= settings.batch_pages_per_replica
+
+
+def test_the_local_serve_config_has_room_for_both_lanes():
+    from gravityocr.serve.cli import DEFAULT_CONFIG, load_serve_config
+
+    _, settings, options = load_serve_config(DEFAULT_CONFIG)
+    assert_room_for_both_lanes(settings, options["max_ongoing_requests"], options["autoscaling_config"])
 
 
 def test_no_secret_values(rendered):

@@ -50,6 +50,7 @@ def test_every_call_is_a_no_op_without_ray():
         m.set_engine_batch_size(3); m.set_queue_depth(2); m.engine_actor_started("cpu"); m.engine_actor_stopped()
         m.observe_request_latency("/v1/ocr", 200, 0.3)
         m.record_abandoned_engine_requests(m.ABANDONED_TIMEOUT, 2)
+        m.record_admitted_crops("batch", 40); m.record_lane_page("online")
         assert "ray" not in sys.modules, "recording without Ray imported ray"
     """)
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
@@ -72,6 +73,10 @@ EXPORT_SCRIPT = textwrap.dedent("""
             m.set_engine_batch_size(8)
             m.set_queue_depth(3)
             m.record_decode(m.WORKLOAD_ONLINE, "table", 270, 20, [25, 24, 26, 0, 31], ar_rounds=2)
+            m.set_queue_depth(40, queue="batch")
+            m.record_admitted_crops("online", 3)
+            m.record_admitted_crops("batch", 29)
+            m.record_lane_page("batch")
             return True
 
     @ray.remote(num_cpus=0)

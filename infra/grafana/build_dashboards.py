@@ -4,7 +4,8 @@
     python infra/grafana/build_dashboards.py --check    # exit 1 if the committed JSON is stale
 
 Three dashboards, all on one Prometheus data source (a `datasource` variable):
-- autoscaling: nodes and actors per group, pending resources, Serve replicas, queues;
+- autoscaling: nodes and actors per group, pending resources, Serve replicas, queues, and the
+  online and batch lanes of the same replicas side by side;
 - throughput: pages/s, documents/s, tokens/s, forward passes/s, TPF and accepted drafts;
 - latency and errors: request latency by endpoint, error ratios, abandoned engine requests,
   page errors by reason.
@@ -71,6 +72,9 @@ ENGINES = m.ENGINE_ACTORS_ALIVE.exported_name
 LATENCY = m.REQUEST_LATENCY.exported_name
 ABANDONED = m.ABANDONED_ENGINE_REQUESTS.exported_name
 ROUNDS = m.DECODE_ROUNDS.exported_name
+ADMITTED = m.ADMITTED_CROPS.exported_name
+LANE_PAGES = m.LANE_PAGES.exported_name
+LANES = '{queue=~"online|batch"}'
 
 
 def query(expr: str, legend: str = "", ref: str = "A") -> Dataquery:
@@ -159,6 +163,16 @@ def autoscaling() -> Dashboard:
         .with_panel(timeseries(
             "Serve queued requests", "Requests waiting for a replica, per deployment.", "short",
             query("sum by (application, deployment) (ray_serve_deployment_queued_queries)", "{{deployment}}")))
+        .with_row(Row("Online and batch on the same replicas"))
+        .with_panel(timeseries(
+            "Pages/s by lane", "Pages the Serve replicas read: online (/v1/ocr) and a batch job run with "
+            "--serve-app, side by side.", "ops", query(rate_sum(LANE_PAGES, "lane"), "{{lane}}"), width=8))
+        .with_panel(timeseries(
+            "Admitted crops/s by lane", "Crops the replicas' engines admit per second: online first, batch "
+            "crops in the slots left free.", "ops", query(rate_sum(ADMITTED, "lane"), "{{lane}}"), width=8))
+        .with_panel(timeseries(
+            "Queue depth by lane", "Crops waiting for an engine slot in each lane, summed over replicas.", "short",
+            query(f"sum by (queue) ({QUEUE}{LANES})", "{{queue}}"), width=8))
     )
 
 
