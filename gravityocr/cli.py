@@ -33,6 +33,8 @@ BENCHMARKS = {
     "pages": ("gravityocr.bench.pages", "seconds per page and page score: ours (AR, spec) and peers"),
     "samples": ("gravityocr.bench.samples", "page score and seconds per bundled sample with a true text (samples/*.md)"),
     "batch": ("gravityocr.bench.batch", "batch job pages/s for 1 and 2 engine actors, AR vs spec, peak memory"),
+    "lanes": ("gravityocr.bench.lanes", "online latency alone and beside a batch job through Serve; job pages/s "
+                                        "through Serve vs own actors; memory"),
     "serve": ("gravityocr.bench.serve", "HTTP latency p50/p99 and requests/s by concurrency, AR vs spec"),
     "train-step": ("gravityocr.bench.train_step", "seconds per training step: one padded pass vs micro-batches"),
     "tower": ("gravityocr.bench.tower", "ms per line: torch PP-OCRv6 recognizer vs onnxruntime, batch 1 and 16, 1-2 threads"),

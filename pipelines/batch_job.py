@@ -263,8 +263,7 @@ def _read_stage(config: BatchJobConfig) -> dict:
     import ray
 
     if config.serve_app:
-        limits = serve_lane_limits(config.serve_app)
-        in_flight = limits["pages_in_flight"]
+        in_flight = serve_batch_pages_in_flight(config.serve_app)
         return {"fn": ServePageReader, "fn_constructor_kwargs": {"app_name": config.serve_app,
                                                                  "pages_in_flight": in_flight},
                 # one reader holds the job's bound; enough batches on it to keep that many pages sent
@@ -287,9 +286,9 @@ class ServeAppNotFound(Exception):
     """--serve-app names no application running on the job's Ray cluster."""
 
 
-def serve_lane_limits(app_name: str) -> dict:
-    """The batch-lane bounds the running Serve application `app_name` gives
-    (`OcrService.lane_limits`); a clear error when there is no such application."""
+def serve_batch_pages_in_flight(app_name: str) -> int:
+    """The pages a job keeps in flight on the running Serve application `app_name`
+    (`OcrService.batch_pages_in_flight`); a clear error when there is no such application."""
     from ray import serve
     from ray.serve.exceptions import RayServeException
 
@@ -299,7 +298,7 @@ def serve_lane_limits(app_name: str) -> dict:
         raise ServeAppNotFound(f"no Serve application {app_name!r} on this Ray cluster ({error}); start one "
                                f"with `gravityocr serve --address ADDRESS` (its app is {DEFAULT_SERVE_APP!r}), "
                                "or name the running one with --serve-app NAME") from None
-    return handle.lane_limits.remote().result()
+    return handle.batch_pages_in_flight.remote().result()
 
 
 def run_batch_job(config: BatchJobConfig, progress: "BatchProgress | None" = None) -> BatchSummary:

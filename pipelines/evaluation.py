@@ -35,11 +35,11 @@ PIPELINE_TYPES = ("page", "table")
 
 
 def read_pages(recognizer: Recognizer, items: list[ManifestItem], config: RecognizerConfig,
-               page_config: PageOcrConfig, as_region: str | None = None) -> dict[str, tuple[str, int, int]]:
-    """Page text (a table's HTML), committed tokens and forward passes by item id (errors:
-    empty text). `as_region`: each item's image is one region of this type (a table's
-    image), not laid out."""
-    read: dict[str, tuple[str, int, int]] = {}
+               page_config: PageOcrConfig, as_region: str | None = None) -> dict[str, tuple[str, int, int, dict]]:
+    """Page text (a table's HTML), committed tokens, forward passes and accepted drafts by
+    source (`DecodeStats.drafted_tokens`) by item id (errors: empty text). `as_region`: each
+    item's image is one region of this type (a table's image), not laid out."""
+    read: dict[str, tuple[str, int, int, dict]] = {}
     with CropRecognizer(recognizer, config) as crops:
         pipeline = PageOcr(crops, page_config)
         for start in range(0, len(items), page_config.batch_pages):
@@ -49,9 +49,13 @@ def read_pages(recognizer: Recognizer, items: list[ManifestItem], config: Recogn
                 pages.append(Page(item.id, 1, image, image.width, image.height))
             regions = [[Region((0, 0, page.width, page.height), as_region, 0)] for page in pages] if as_region else None
             for item, result in zip(batch, pipeline.read_pages(pages, regions=regions)):
-                tokens = sum(r.stats["committed_tokens"] for r in result.regions if r.stats)
-                passes = sum(r.stats["forward_passes"] for r in result.regions if r.stats)
-                read[item.id] = (result.text(include_furniture=True), tokens, passes)
+                stats = [r.stats for r in result.regions if r.stats]
+                drafted: dict[str, int] = {}
+                for region in stats:
+                    for source, count in region["drafted_tokens"].items():
+                        drafted[source] = drafted.get(source, 0) + count
+                read[item.id] = (result.text(include_furniture=True), sum(s["committed_tokens"] for s in stats),
+                                 sum(s["forward_passes"] for s in stats), drafted)
     return read
 
 
@@ -74,8 +78,9 @@ def evaluate_set(recognizer: Recognizer, items: list[ManifestItem], batch_size: 
         as_region = None if kind == "page" else kind
         read = read_pages(recognizer, mine, config, page_config, as_region)
         for item in mine:
-            text, tokens, passes = read[item.id]
-            outcomes.append(ItemOutcome(item.id, kind, score(kind, text, item.text), text, tokens, passes))
+            text, tokens, passes, drafted = read[item.id]
+            outcomes.append(ItemOutcome(item.id, kind, score(kind, text, item.text), text, tokens, passes,
+                                        drafted_tokens=drafted))
         if check_exact:
             ar = read_pages(recognizer, mine, ar_config, page_config, as_region)
             exact = (exact if exact is not None else True) and all(ar[i][0] == read[i][0] for i in read)

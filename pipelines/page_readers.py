@@ -68,7 +68,7 @@ RETRY_WAIT_S = 2.0
 class ServePageReader:
     """The read stage through a Serve application: each page of a batch is one call to a
     replica's batch lane, at most `pages_in_flight` at once from this reader (the bound the
-    application gives, `OcrService.lane_limits`: backpressure outside the replicas, never an
+    application gives, `OcrService.batch_pages_in_flight`: backpressure outside the replicas, never an
     unbounded queue inside one); each page is yielded as soon as its replica answers."""
 
     def __init__(self, app_name: str, pages_in_flight: int):

@@ -84,6 +84,7 @@ class CropResult:
             "tokens_per_forward": round(self.stats.tokens_per_forward, 4),
             "accepted_per_round": list(self.stats.accepted_per_round),
             "ar_rounds": self.stats.ar_rounds,
+            "drafted_tokens": dict(self.stats.drafted_tokens),
             "finish_reason": self.finish_reason,
         }
 

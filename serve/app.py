@@ -10,7 +10,7 @@ mid-decode joins the next round. Endpoints:
   GET  /healthz, /readyz     process up; model loaded
 and, for `gravityocr batch --serve-app` through a deployment handle (no HTTP route):
   read_planned_page(row)     one planned page of the batch job, read in the engine's batch lane
-  lane_limits()              how many of those pages a job keeps in flight
+  batch_pages_in_flight()    how many of those pages a job keeps in flight
 
 Online requests decode in the engine loop's online lane and batch pages in its batch lane,
 which only fills the slots online work leaves free (model/engine/loop.py); a replica reads
@@ -24,7 +24,6 @@ Serve's autoscaling counts the job's pages as ongoing requests beside the online
 import asyncio
 import base64
 import binascii
-import functools
 import hmac
 import time
 import uuid
@@ -451,33 +450,31 @@ class OcrService:
         """One planned page of a batch job (a `batch_rows.PLANNED_SCHEMA` row) read in the
         engine's batch lane: its READ_SCHEMA record, as the job's own engine actors write it.
         At most `batch_pages_per_replica` pages read at once; the others wait here, never
-        refused (the job bounds how many it sends, `lane_limits`)."""
+        refused (the job bounds how many it sends, `batch_pages_in_flight`)."""
         from gravityocr.pipelines.batch_rows import read_page, submit_page_crops
 
         async with self.batch_gate:
-            submit = functools.partial(self.loop.submit_all, lane=BATCH)
-            submitted = submit_page_crops([row], self.crops, submit)[0]
+            engine_requests = EngineRequests(self.loop, lane=BATCH)
+            submitted = submit_page_crops([row], self.crops, engine_requests.submit_all)[0]
             try:
                 record = await read_page(submitted, self.decode.mode, self.node_id)
             except asyncio.CancelledError:  # the job gave the page up: its crops leave the engine
-                for future in submitted.futures:
-                    future.cancel()
+                engine_requests.abandon()
                 raise
         metrics.record_lane_page(BATCH)
         return record
 
-    async def lane_limits(self) -> dict:
+    async def batch_pages_in_flight(self) -> int:
         """How many batch pages a job keeps in flight on this deployment: this replica's
-        `batch_pages_per_replica` for each replica the deployment may scale to, within what
-        Serve routes to a replica beside a full online load (max_ongoing_requests less
-        max_concurrent_requests, so a job never keeps online requests from a replica)."""
+        `batch_pages_per_replica` for each replica the deployment may scale to, and no more
+        than Serve routes to one replica beside a full online load (max_ongoing_requests less
+        max_concurrent_requests): even all on one replica, a job's pages never keep an online
+        request from it."""
         deployment = serve.get_replica_context()._deployment_config
         autoscaling = deployment.autoscaling_config
         replicas = autoscaling.max_replicas if autoscaling else deployment.num_replicas or 1
-        per_replica = min(self.settings.batch_pages_per_replica,
-                          max(1, deployment.max_ongoing_requests - self.settings.max_concurrent_requests))
-        return {"pages_in_flight": per_replica * replicas, "pages_per_replica": per_replica,
-                "max_replicas": replicas, "mode": self.decode.mode}
+        beside_online = deployment.max_ongoing_requests - self.settings.max_concurrent_requests
+        return max(1, min(self.settings.batch_pages_per_replica * replicas, beside_online))
 
     # --- endpoints ----------------------------------------------------------------------
 

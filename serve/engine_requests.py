@@ -1,5 +1,5 @@
-"""The engine requests of one HTTP request, withdrawn together when that request is
-abandoned. Imports nothing heavy: the app module uses it at import time."""
+"""The engine requests of one HTTP request (or one batch page), withdrawn together when
+that request is abandoned. Imports nothing heavy: the app module uses it at import time."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ class EngineRequests:
     disconnect) cancels those still waiting or decoding and refuses new ones, so the work
     of an answer nobody will read stops taking engine slots at the next round."""
 
-    def __init__(self, loop: EngineLoop):
-        self.loop = loop
+    def __init__(self, loop: EngineLoop, lane: str = "online"):
+        self.loop, self.lane = loop, lane  # the loop's lane (model/engine/loop.py LANES)
         self._futures: list[Future] = []
         self._lock = threading.Lock()
         self._abandoned = False
@@ -31,7 +31,7 @@ class EngineRequests:
         with self._lock:
             if self._abandoned:
                 raise RequestAbandoned("the HTTP request was abandoned (timed out or its client went away)")
-            future = self.loop.submit(request, on_tokens)
+            future = self.loop.submit(request, on_tokens, lane=self.lane)
             self._futures.append(future)
             return future
 
@@ -40,7 +40,7 @@ class EngineRequests:
         with self._lock:
             if self._abandoned:
                 raise RequestAbandoned("the HTTP request was abandoned (timed out or its client went away)")
-            futures = self.loop.submit_all(requests)
+            futures = self.loop.submit_all(requests, lane=self.lane)
             self._futures += futures
             return futures
 

@@ -405,8 +405,9 @@ def test_loop_streams_each_rounds_tokens_before_the_result(model, eos, prompt_po
 
 def test_online_requests_go_first_and_preempt_batch_ones_all_exact(model, eos, prompt_pool, greedy_outputs):
     """Lanes: batch requests fill the slots; an online request submitted while they hold
-    every slot and more wait is admitted at the next step (a batch sequence is preempted, back
-    at the head of the backlog); every request, preempted ones included, writes its greedy output."""
+    every slot and more wait is admitted at the next step, beside no more batch rows than
+    online ones (the others preempted, back at the head of the backlog); every request,
+    preempted ones included, writes its greedy output."""
     from gravityocr.model.engine.loop import BATCH, ONLINE, EngineLoop
 
     steps: list[tuple[set[str], dict]] = []  # per step: requests running after it, waiting per lane
@@ -434,6 +435,7 @@ def test_online_requests_go_first_and_preempt_batch_ones_all_exact(model, eos, p
         gate.set()
         assert online.result(60).token_ids == expected(greedy_outputs, long_index, REFERENCE_MAX_NEW)
         assert "loop-8" in steps[1][0]  # the online request runs from the step after its submission
+        assert len(steps[1][0]) == 2  # beside it, no more batch rows than online ones
         for (request, index), future in zip(batch, batch_futures):
             assert future.result(60).token_ids == expected(greedy_outputs, index, REFERENCE_MAX_NEW)
         lanes = loop.lanes()

@@ -71,6 +71,13 @@ def test_eval_json_on_a_trained_tiny_model(tmp_path, trained_tiny_model, process
         tpf >= 1.0 for tpf in report["tpf_by_type"].values())
     assert min(report["tpf_by_type"].values()) <= report["tpf"] <= max(report["tpf_by_type"].values())
     assert set(report["accepted_per_round"]) == {"text", "table", "formula"}
+    # the tiny model has no reading: every accepted draft is the mask block's
+    by_source = report["committed_by_source"]
+    assert set(by_source) == {"text", "table", "formula"}
+    for shares in by_source.values():
+        assert set(shares) == {"mask", "reading", "ar"} and shares["reading"] == 0
+        assert sum(shares.values()) == pytest.approx(1, abs=1e-3)
+    assert by_source["formula"]["mask"] > 0.5  # memorised: most of it drafted and accepted
     assert all(0 <= report[k] <= 1 for k in ("overall", "text", "table", "formula"))
     # the JSON says what was measured
     threads = torch.get_num_threads()
@@ -126,5 +133,6 @@ def test_pages_are_read_by_the_page_pipeline_and_scored_as_page_text(tmp_path, t
     assert page_outcome.prediction == read.text(include_furniture=True) != ""
     assert page_outcome.score == page_similarity(page_outcome.prediction, truth)
     assert page_outcome.forward_passes > 0
+    assert 0 < sum(page_outcome.drafted_tokens.values()) < page_outcome.committed_tokens  # its regions' drafts
     with pytest.raises(ValueError, match="evaluate\\(\\) reads crops"):
         evaluate(recognizer, items)

@@ -412,7 +412,7 @@ def test_serve_config_is_one_ray_and_the_app_accept(rendered):
 
 def assert_room_for_both_lanes(settings, max_ongoing_requests: int, autoscaling: dict) -> None:
     """A replica's Serve slots hold a full online load beside every page a batch job keeps in
-    flight (serve/app.py `lane_limits`), and the job's pages alone scale the deployment out."""
+    flight (serve/app.py `batch_pages_in_flight`), and the job's pages alone scale the deployment out."""
     job_pages = settings.batch_pages_per_replica * autoscaling["max_replicas"]
     assert max_ongoing_requests >= settings.max_concurrent_requests + job_pages
     assert autoscaling["target_ongoing_requests"] <= settings.batch_pages_per_replica

@@ -277,12 +277,29 @@ def test_every_decoding_path_is_exact_with_the_strip_tower(recognizer_name, requ
     eos = set(processor.eos_token_ids)
     images = [render([TEXT[:n]], 18 + n % 5, 3) for n in (8, 20, 41)]
     images.append(render(["a two-line", "crop"], 20, 5))
-    prompts = [processor.encode(image, "text") for image in images]
+    # text lines draft from the reading, a formula beside them with the mask block
+    prompts = [processor.encode(image, "text") for image in images] + [processor.encode(images[1], "formula")]
     with torch.no_grad():
         greedy = [greedy_decode(model, prompt, 24, eos).token_ids for prompt in prompts]
-        for prompt, expected in zip(prompts, greedy):
-            assert speculative_decode(model, prompt, 24, eos, 8).token_ids == expected
+        references = {reading: [speculative_decode(model, prompt, 24, eos, 8, reading_drafts=reading)
+                                for prompt in prompts] for reading in (True, False)}
+    for reading, decoded in references.items():
+        assert [r.token_ids for r in decoded] == greedy
+        for prompt, result in zip(prompts, decoded):
+            from_reading = reading and prompt.task == "text"
+            assert set(result.stats.drafted_tokens) <= ({"reading"} if from_reading else {"mask"})
     longest = max(p.length for p in prompts) + 24
+    # the engine's rounds are the reference's, round for round, under fixed blocks: drafts
+    # chosen by content, rows of both kinds in one batch
+    for reading in (True, False):
+        engine = Engine(model, EngineConfig(max_batch_size=5, max_seq_len=longest, block_size=8, dtype=torch.float64,
+                                            num_threads=1, adaptive_block=False, reading_drafts=reading), eos)
+        results = engine.generate([Request(str(i), prompt, 24) for i, prompt in enumerate(prompts)])
+        for result, reference in zip(results, references[reading]):
+            assert result.token_ids == reference.token_ids
+            assert result.stats.accepted_per_round == reference.stats.accepted_per_round
+            assert result.stats.forward_passes == reference.stats.forward_passes
+            assert result.stats.drafted_tokens == reference.stats.drafted_tokens
     # batch 4: speculating at every batch size, and past a cap of 1 (AR rounds above it);
     # drafts from the reading prefix (the default for such a model) and from masks
     for cap, reading in ((0, True), (1, True), (0, False)):

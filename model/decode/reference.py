@@ -32,7 +32,7 @@ from gravityocr.model.network.modeling import GravityOcrForConditionalGeneration
 from gravityocr.model.network.processor import EncodedPrompt
 from gravityocr.model.decode.stopping import stop_reason
 from gravityocr.model.decode.draft_rules import DraftRules
-from gravityocr.model.decode.reading_drafts import NO_COPY, ReadingIndex, reading_with_eos
+from gravityocr.model.decode.reading_drafts import DRAFTED_TASKS, NO_COPY, ReadingIndex, reading_with_eos
 from gravityocr.model.decode.structured_drafts import kept_to_structure
 
 
@@ -44,10 +44,26 @@ class DecodeStats:
     # Rounds that committed one AR token each: every round of AR decoding, and those of a
     # speculative decode that ran in a batch past EngineConfig.speculative_max_batch.
     ar_rounds: int = 0
+    # Committed tokens that were accepted drafts, by where the drafts came from (DRAFT_SOURCES);
+    # the other committed tokens are each pass's own greedy token (AR, y, bonus).
+    drafted_tokens: dict[str, int] = field(default_factory=dict)
 
     @property
     def tokens_per_forward(self) -> float:
         return self.committed_tokens / max(1, self.forward_passes)
+
+    def count_drafted(self, source: str, tokens: int) -> None:
+        if tokens:
+            self.drafted_tokens[source] = self.drafted_tokens.get(source, 0) + tokens
+
+    def committed_by_source(self) -> dict[str, int]:
+        """Committed tokens by source: "mask" and "reading" drafts accepted, "ar" the rest."""
+        drafted = {source: self.drafted_tokens.get(source, 0) for source in DRAFT_SOURCES}
+        return {**drafted, "ar": self.committed_tokens - sum(drafted.values())}
+
+
+MASK, READING = "mask", "reading"  # where a round's drafts come from: the mask block, or the tower's reading
+DRAFT_SOURCES = (MASK, READING)
 
 
 @dataclass
@@ -91,20 +107,27 @@ class Prefill:
     logits: torch.Tensor  # the last prompt position's: the first response token's
     next_position: int  # rope position of the first response token
     draft_logits: torch.Tensor  # the masks' after the first (none without masks)
-    # a model that copies its reading: the reading (with the eos) its copy tokens come from
+    # a model with a reading prefix: the reading (with the eos) drafts and copy tokens come from
     reading: ReadingIndex | None = None
     # a line decoded jointly with its CTC prefix scores (model/decode/ctc_prefix.py)
     scorer: CTCPrefixScorer | None = None
+    # `from_reading`: the reading's drafts that followed the prompt, and the logits of the
+    # last prompt position and of each of them (the greedy token after each)
+    reading_drafts: list[int] = field(default_factory=list)
+    verify_logits: torch.Tensor | None = None
 
 
 @torch.no_grad()
 def prefill(model: GravityOcrForConditionalGeneration, prompt: EncodedPrompt, cache: DynamicCache,
-            eos_ids: set[int] | frozenset[int] = frozenset(), block: int = 0) -> Prefill:
+            eos_ids: set[int] | frozenset[int] = frozenset(), block: int = 0, from_reading: bool = False) -> Prefill:
     """Run image + prompt through the model into `cache`. With `block` masks after the
     prompt at the first response positions: they see the prompt and each other, the prompt
     never sees them, and only the prompt's KV is kept; their logits for the tokens after the
     first one are the drafts (the first mask drafts the first token, which the prompt's
-    last logits give exactly). `eos_ids`: what ends the reading a copying model copies from,
+    last logits give exactly). With `from_reading` (a model with a reading prefix), the
+    reading's first `block - 1` tokens follow the prompt instead, under causal attention:
+    the pass verifies them (`Prefill.verify_logits`), their KV is kept for the caller to cut
+    to the accepted ones. `eos_ids`: what ends the reading (drafts and copies come from it),
     and a line decoded jointly with its CTC prefix scores."""
     device = model.device
     input_ids = prompt.input_ids.to(device)
@@ -113,24 +136,31 @@ def prefill(model: GravityOcrForConditionalGeneration, prompt: EncodedPrompt, ca
     frames = [] if model.ctc_prefix_weight else None  # only a model that scores lines needs them
     image_embeds = torch.cat(model.encode_images(prompt.pixel_values.to(device), prompt.image_grid_thw.to(device),
                                                  readings, frames))
-    reading = ReadingIndex(reading_with_eos(readings[0], frozenset(eos_ids))) \
-        if model.copies_reading and readings else None
+    reading = ReadingIndex(reading_with_eos(readings[0], frozenset(eos_ids))) if readings else None
     positions, next_position = model.rope_positions(input_ids, prompt.image_grid_thw.to(device))
-    if block:
-        input_ids = torch.cat([input_ids, torch.full((1, block), model.mask_token_id, device=device)], 1)
-        mask_positions = torch.arange(next_position, next_position + block, device=device).view(1, 1, -1)
-        positions = torch.cat([positions, mask_positions.expand(3, 1, -1)], 2)
+    drafts = reading.drafts([], block - 1) if from_reading and reading is not None and block else []
+    tail = len(drafts) if from_reading else block
+    if tail:
+        tail_ids = torch.tensor([drafts], device=device) if from_reading else \
+            torch.full((1, block), model.mask_token_id, device=device)
+        input_ids = torch.cat([input_ids, tail_ids], 1)
+        tail_positions = torch.arange(next_position, next_position + tail, device=device).view(1, 1, -1)
+        positions = torch.cat([positions, tail_positions.expand(3, 1, -1)], 2)
     copy_ids = None
-    if reading is not None:  # the last prompt position predicts the first token
+    if model.copies_reading and reading is not None:  # the last prompt position predicts the first token
         copy_ids = torch.full_like(input_ids, NO_COPY)
-        copy_ids[0, length - 1] = reading.copy_token([])
+        copy_ids[0, length - 1:length + len(drafts)] = torch.tensor(reading.copy_row(drafts, 0, 1 + len(drafts)))
     embeds = model.embed(input_ids, image_embeds, copy_ids)
-    mask = causal_attention_mask(0, length + block, device)
-    mask[length:, length:] = True
+    mask = causal_attention_mask(0, length + tail, device)
+    if not from_reading:
+        mask[length:, length:] = True  # the masks see each other
     logits = model.logits_from_embeds(embeds, positions, mask[None, None], cache, copy_ids)
-    if block:
+    if tail and not from_reading:
         cache.crop(-block)
     scorer = line_scorer(model, frames[0] if frames else None, prompt.task, eos_ids)
+    if from_reading:
+        return Prefill(logits[0, length - 1], next_position, logits[0, :0], reading, scorer, drafts,
+                       logits[0, length - 1:length + len(drafts)])
     return Prefill(logits[0, length - 1], next_position, logits[0, length + 1:], reading, scorer)
 
 
@@ -166,7 +196,8 @@ def greedy_decode(model, prompt: EncodedPrompt, max_new_tokens: int, eos_ids: se
     check_length(prompt, max_new_tokens, model)
     cache = DynamicCache(config=model.config.text_config)
     start = prefill(model, prompt, cache, eos_ids)
-    position, reading, scorer = start.next_position, start.reading, start.scorer
+    position, scorer = start.next_position, start.scorer
+    reading = start.reading if model.copies_reading else None  # what copy tokens come from
     sequence = _Sequence(eos_ids, max_new_tokens, prompt.task)
     stats = DecodeStats(forward_passes=1)
     sequence.commit(greedy_tokens(start.logits[None], scorer, [], 0))
@@ -184,16 +215,23 @@ def greedy_decode(model, prompt: EncodedPrompt, max_new_tokens: int, eos_ids: se
 
 @torch.no_grad()
 def speculative_decode(model, prompt: EncodedPrompt, max_new_tokens: int, eos_ids: set[int],
-                       block_size: int = 32, draft_rules: DraftRules | None = None) -> DecodeResult:
+                       block_size: int = 32, draft_rules: DraftRules | None = None,
+                       reading_drafts: bool = True) -> DecodeResult:
     """Self-speculative decoding; output identical to `greedy_decode` of the same weights.
-    With `draft_rules`, a formula's drafts are kept to LaTeX's command names
-    (model/decode/draft_rules.py) before they are verified."""
+    Drafts are chosen by content, by the rule the engine ships (model/engine/rounds.py
+    `drafts_from_reading`): a text line of a model with a reading prefix (and
+    `reading_drafts`) verifies its reading's next tokens, one pass a round; every other
+    sequence drafts with the mask block. With `draft_rules`, a formula's drafts are kept
+    to LaTeX's command names (model/decode/draft_rules.py) before they are verified."""
     check_length(prompt, max_new_tokens, model)
     if block_size < 2:
         raise ValueError(f"block_size must be at least 2, got {block_size}")
+    if reading_drafts and model.reading_prefix is not None and prompt.task in DRAFTED_TASKS:
+        return _decode_from_reading(model, prompt, max_new_tokens, eos_ids, block_size, draft_rules)
     cache = DynamicCache(config=model.config.text_config)
     start = prefill(model, prompt, cache, eos_ids, first_block(block_size, max_new_tokens))
-    position, reading, scorer = start.next_position, start.reading, start.scorer
+    position, scorer = start.next_position, start.scorer
+    reading = start.reading if model.copies_reading else None  # what copy tokens come from
     sequence = _Sequence(eos_ids, max_new_tokens, prompt.task,
                          draft_rules.shape_for(prompt.task) if draft_rules else None)
     stats = DecodeStats(forward_passes=1)
@@ -236,6 +274,39 @@ def speculative_decode(model, prompt: EncodedPrompt, max_new_tokens: int, eos_id
     return DecodeResult(sequence.tokens, stats, sequence.finish_reason or "length")
 
 
+def _decode_from_reading(model, prompt: EncodedPrompt, max_new_tokens: int, eos_ids: set[int], block_size: int,
+                         draft_rules: DraftRules | None) -> DecodeResult:
+    """Rounds that draft from the reading: the prefill verifies the reading's first tokens
+    in its own pass; each round then verifies [x, the reading's next block - 1 tokens from
+    the text's place in it] (model/decode/reading_drafts.py), no draft pass; where the
+    reading has no place to continue from, [x] alone (an AR step, a round that accepts 0)."""
+    cache = DynamicCache(config=model.config.text_config)
+    start = prefill(model, prompt, cache, eos_ids, first_block(block_size, max_new_tokens), from_reading=True)
+    position, reading, scorer = start.next_position, start.reading, start.scorer
+    copying = reading if model.copies_reading else None
+    sequence = _Sequence(eos_ids, max_new_tokens, prompt.task,
+                         draft_rules.shape_for(prompt.task) if draft_rules else None)
+    stats = DecodeStats(forward_passes=1)
+    drafts = start.reading_drafts
+    predictions = greedy_tokens(start.verify_logits, scorer, drafts, 0)
+    if drafts:
+        _accept(sequence, stats, cache, drafts, predictions, READING)
+    else:  # nothing to verify: the first token alone
+        sequence.commit(predictions[:1])
+    while not sequence.finished:
+        k = len(sequence.tokens)
+        block = max(2, min(block_size, max_new_tokens - k))
+        drafts = kept_to_structure(sequence.shape, reading.drafts(sequence.tokens, block - 1)[:max(0, max_new_tokens - k - 1)])
+        verify_logits = _step(model, sequence.tokens[-1:] + drafts, position + k - 1,
+                              causal_attention_mask(cache.get_seq_length(), 1 + len(drafts), model.device), cache,
+                              _copies(copying, sequence.tokens + drafts, k, 1 + len(drafts)))
+        stats.forward_passes += 1
+        _accept(sequence, stats, cache, drafts, greedy_tokens(verify_logits, scorer, sequence.tokens + drafts, k),
+                READING)
+    stats.committed_tokens = len(sequence.tokens)
+    return DecodeResult(sequence.tokens, stats, sequence.finish_reason or "length")
+
+
 def first_block(block_size: int, max_new_tokens: int) -> int:
     """Masks the prefill drafts with: as a round's block after the first token, never
     longer than what may still be committed after it; none if only one token is asked."""
@@ -243,7 +314,7 @@ def first_block(block_size: int, max_new_tokens: int) -> int:
 
 
 def _accept(sequence: _Sequence, stats: DecodeStats, cache: DynamicCache, drafts: list[int],
-            predictions: list[int]) -> None:
+            predictions: list[int], source: str = MASK) -> None:
     """Commit the longest draft prefix equal to the AR predictions (the AR token after the
     verify input's first token, after each draft) and the bonus token after it; the
     cache keeps the KV of committed tokens only."""
@@ -251,7 +322,9 @@ def _accept(sequence: _Sequence, stats: DecodeStats, cache: DynamicCache, drafts
     rejected = len(drafts) - accepted
     if rejected:
         cache.crop(-rejected)
-    stats.accepted_per_round.append(_commit_accepted(sequence, drafts[:accepted] + [predictions[accepted]], accepted))
+    committed = _commit_accepted(sequence, drafts[:accepted] + [predictions[accepted]], accepted)
+    stats.accepted_per_round.append(committed)
+    stats.count_drafted(source, committed)
 
 
 def _commit_accepted(sequence: _Sequence, tokens: list[int], accepted: int) -> int:

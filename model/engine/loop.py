@@ -11,10 +11,12 @@ before the future resolves.
 
 Two lanes share the engine: online requests (an HTTP caller waits) and batch requests (a
 nightly job's crops). Online requests go to the engine as they come; batch requests wait in
-the loop's backlog and join only into slots the online ones leave free. When online
-requests wait and no slot is free, the batch sequences that have committed least are
-preempted (taken out, back at the head of the backlog): a waiting online request is
-admitted at the next round whatever the batch backlog. A preempted crop is decoded again
+the loop's backlog and join, in steps that admit no online request, into the slots online
+work leaves free: all of them while there is none, else no more slots than the online
+requests hold (a round is as wide as its rows, and an online request waits for its rounds).
+Batch sequences past that share, those that have committed least first, are preempted
+(taken out, back at the head of the backlog): a waiting online request is admitted at the
+next round whatever the batch backlog. A preempted crop is decoded again
 from its prompt and writes the same tokens (each output is the request's greedy decoding
 alone), so the lanes change who waits, never what is read.
 
@@ -168,13 +170,22 @@ class EngineLoop:
             self._batch_in_engine[request.request_id] = request
         return True
 
+    def _batch_slots(self) -> int:
+        """Slots the batch lane may hold now: all the online requests leave free when there
+        are none, else no more than they hold (rounds are as wide as their rows, and an
+        online request waits for its rounds; the batch lane still moves)."""
+        stats = self._engine.stats()
+        online = stats.batch_size + stats.waiting - len(self._batch_in_engine)
+        free_of_online = self._engine.config.max_batch_size - online
+        return free_of_online if online == 0 else min(free_of_online, online)
+
     def _make_room_for_online(self) -> None:
-        """Preempt as many batch sequences as online requests would wait for a slot, those
+        """Preempt the batch sequences past the batch lane's share (`_batch_slots`), those
         that committed least first, back to the head of the backlog in their order."""
-        short = -self._engine.free_slots()
-        if short <= 0 or not self._batch_in_engine:
+        excess = len(self._batch_in_engine) - max(0, self._batch_slots())
+        if excess <= 0:
             return
-        victims = sorted(self._batch_in_engine, key=lambda i: len(self._engine.committed(i)))[:short]
+        victims = sorted(self._batch_in_engine, key=lambda i: len(self._engine.committed(i)))[:excess]
         in_admission_order = [i for i in self._batch_in_engine if i in victims]  # dicts keep insertion order
         for request_id in reversed(in_admission_order):
             request = self._engine.preempt(request_id)
@@ -183,8 +194,11 @@ class EngineLoop:
             self._lanes.preempted += 1
 
     def _fill_with_batch(self) -> None:
-        """Batch requests into the slots the online ones leave free."""
-        room = self._engine.free_slots()
+        """Batch requests into the batch lane's share of the slots, in a step that admits no
+        online request: an online request's prefill never waits for batch crops' prefills."""
+        if self._engine.stats().waiting:  # online requests to admit in this step
+            return
+        room = min(self._engine.free_slots(), self._batch_slots() - len(self._batch_in_engine))
         while room > 0 and self._backlog:
             request, future = self._backlog.popleft()
             if future.cancelled():

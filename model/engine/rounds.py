@@ -20,7 +20,7 @@ import torch
 
 from gravityocr.model.decode.ctc_prefix import CTCPrefixScorer
 from gravityocr.model.decode.reading_drafts import DRAFTED_TASKS, NO_COPY, ReadingIndex
-from gravityocr.model.decode.reference import accepted_prefix
+from gravityocr.model.decode.reference import MASK, READING, accepted_prefix
 from gravityocr.model.decode.structured_drafts import kept_to_structure
 from gravityocr.model.engine.layouts import ar_layout, draft_layout, prefill_layout, running_rows, verify_layout
 from gravityocr.model.engine.runner import ModelRunner
@@ -42,6 +42,7 @@ class Outcome:
     reading: ReadingIndex | None = None  # the prefill's: the reading (with its eos) drafts and copies come from
     first_position: int | None = None  # the prefill's: rope position of the first response token
     scorer: CTCPrefixScorer | None = None  # the prefill's: where the line is decoded jointly
+    source: str | None = None  # where the drafts it verified came from (reference.DRAFT_SOURCES)
 
 
 def prefill(runner: ModelRunner, sequences: list[Sequence], blocks: list[int], from_reading: bool) -> list[Outcome]:
@@ -55,10 +56,11 @@ def prefill(runner: ModelRunner, sequences: list[Sequence], blocks: list[int], f
     model = runner.model
     image_embeds, readings, scorers = runner.encode([s.request.prompt for s in sequences])
     drafts = [[] for _ in sequences]
-    if from_reading and readings is not None:
-        drafts = [reading.drafts([], block - 1) if block and s.request.prompt.task in DRAFTED_TASKS else []
-                  for s, reading, block in zip(sequences, readings, blocks)]
-        blocks = [0] * len(sequences)
+    if from_reading and readings is not None:  # a row whose content is its reading's verifies it; the others mask
+        reads = [bool(block) and s.request.prompt.task in DRAFTED_TASKS for s, block in zip(sequences, blocks)]
+        drafts = [reading.drafts([], block - 1) if read else []
+                  for reading, block, read in zip(readings, blocks, reads)]
+        blocks = [0 if read else block for block, read in zip(blocks, reads)]
     layout = prefill_layout(model, sequences, image_embeds, blocks, drafts, runner.mask_id, runner.pad_id,
                             runner.device)
     if model.copies_reading:  # each row's last prompt position predicts its first token, its drafts the next
@@ -79,7 +81,7 @@ def prefill(runner: ModelRunner, sequences: list[Sequence], blocks: list[int], f
         if row_drafts:  # verified here: the accepted drafts and the bonus token
             a = accepted_prefix(row_drafts, row)
             outcomes.append(Outcome(row_drafts[:a] + [row[a]], kv_length=sequence.prompt_len + a, accepted=a,
-                                    first_position=first, reading=reading, scorer=scorer))
+                                    first_position=first, reading=reading, scorer=scorer, source=READING))
         else:
             outcomes.append(Outcome([row[0]], kv_length=sequence.prompt_len, drafts=row[1:block],
                                     first_position=first, reading=reading, scorer=scorer))
@@ -153,12 +155,13 @@ def speculative(runner: ModelRunner, sequences: list[Sequence], block_size: int,
     rows = torch.cat([y[:, None], accepted[:, None], drafts, predictions], 1).tolist()  # the one sync
 
     outcomes = []
-    for cached, row, drafts_given in zip(past, rows, came_with):
+    for sequence, cached, row, drafts_given in zip(sequences, past, rows, came_with):
         a, row_drafts, row_predictions = row[1], row[2:1 + width], row[1 + width:]
         drafted_here = drafts_given is None
         # KV kept: x and the accepted drafts (+ y where the row drafted it itself)
         outcomes.append(Outcome(row_drafts[:a] + [row_predictions[a]], kv_length=cached + 1 + drafted_here + a,
-                                y=row[0] if drafted_here else None, accepted=a))
+                                y=row[0] if drafted_here else None, accepted=a,
+                                source=READING if drafts_from_reading(sequence, from_reading) else MASK))
     return outcomes
 
 
@@ -188,22 +191,28 @@ def _copy_ids(readings: list[ReadingIndex], texts: list[list[int]], firsts: list
     return torch.tensor(rows, dtype=torch.long, device=device)
 
 
+def drafts_from_reading(sequence: Sequence, from_reading: bool) -> bool:
+    """Drafts by content: a sequence whose output is its reading's text (a text line of a
+    model with a reading) drafts from its reading; every other one (formulas, whole tables,
+    a model without a reading) with the mask block."""
+    return from_reading and sequence.reading is not None and sequence.request.prompt.task in DRAFTED_TASKS
+
+
 def _verifiable(sequence: Sequence, block_size: int, adaptive: bool, from_reading: bool) -> list[int] | None:
     """Drafts a sequence verifies without a draft pass: its reading's (where it drafts from
-    its reading; none where the reading has no place to continue from: it then verifies [x]
-    alone, an AR step) or its prefill's (its first round); no more than may still be
-    committed after the bonus, kept to its formula's structure. None: the round drafts for it."""
+    its reading, `drafts_from_reading`; none where the reading has no place to continue
+    from: it then verifies [x] alone, an AR step) or its prefill's masks' (its first round);
+    no more than may still be committed after the bonus, kept to its formula's structure.
+    None: the round's draft pass drafts for it with the mask block."""
     room = max(0, sequence.max_new_tokens - len(sequence.tokens) - 1)
-    if from_reading and sequence.reading is not None:
-        if sequence.request.prompt.task not in DRAFTED_TASKS:
-            return []  # an AR step in the round
+    if drafts_from_reading(sequence, from_reading):
         drafts = sequence.reading.drafts(sequence.tokens, sequence.next_block(block_size, adaptive) - 1)
     elif sequence.drafts:
         drafts = sequence.drafts
     else:
         return None
     kept = kept_to_structure(sequence.shape, drafts[:room])
-    return kept if kept or (from_reading and sequence.reading is not None) else None
+    return kept if kept or drafts_from_reading(sequence, from_reading) else None
 
 
 def _kept_to_structure(sequences: list[Sequence], came_with: list[list[int]], y: torch.Tensor, drafts: torch.Tensor,

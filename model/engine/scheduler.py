@@ -63,6 +63,7 @@ class Scheduler:
             if outcome.accepted is not None:  # none past an eos or the length
                 accepted = min(outcome.accepted, len(sequence.tokens) - committed_before)
                 sequence.stats.accepted_per_round.append(accepted)
+                sequence.stats.count_drafted(outcome.source, accepted)
                 sequence.recent_accepted.append(accepted)
         sequence.stats.forward_passes += passes
         sequence.stats.ar_rounds += outcome.ar

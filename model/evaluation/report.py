@@ -16,6 +16,7 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from gravityocr.model.decode.reference import DRAFT_SOURCES
 from gravityocr.model.decode.settings import DecodeSettings
 from gravityocr.model.engine import Engine, Request
 from gravityocr.model.engine.threads import engine_threads, on_engine_thread
@@ -37,6 +38,7 @@ class ItemOutcome:
     committed_tokens: int = 0
     forward_passes: int = 0
     accepted_per_round: list[int] = field(default_factory=list)
+    drafted_tokens: dict[str, int] = field(default_factory=dict)  # accepted drafts committed, by source
     error: str | None = None
 
 
@@ -48,6 +50,9 @@ class EvalReport:
     tpf: float  # committed tokens / forward passes over all items
     tpf_by_type: dict[str, float]  # the same within each type
     accepted_per_round: dict[str, float]  # mean accepted drafts per round, by type
+    # by type: the share of committed tokens that were accepted mask drafts, accepted reading
+    # drafts, and the passes' own greedy tokens (AR steps, each round's y and bonus)
+    committed_by_source: dict[str, dict[str, float]]
     unreadable: list[dict]  # {"id", "error"} of items scored 0 because they could not be read
     exact: bool | None  # every spec output equal to AR output (None: not checked)
     decode: dict  # DecodeSettings.report(): the settings measured, the cap written out
@@ -56,7 +61,7 @@ class EvalReport:
     def to_json(self) -> dict:
         summary = {"n": self.n, "overall": self.overall, **self.scores, "tpf": self.tpf,
                    "tpf_by_type": self.tpf_by_type, "accepted_per_round": self.accepted_per_round,
-                   "unreadable": self.unreadable}
+                   "committed_by_source": self.committed_by_source, "unreadable": self.unreadable}
         if self.exact is not None:
             summary["exact"] = self.exact
         summary["decode"] = self.decode
@@ -128,7 +133,7 @@ def evaluate(recognizer: Recognizer, items: list[ManifestItem], batch_size: int 
         prediction = recognizer.processor.decode(result.token_ids)
         outcomes.append(ItemOutcome(item.id, item.type, score(item.type, prediction, item.text), prediction,
                                     result.stats.committed_tokens, result.stats.forward_passes,
-                                    list(result.stats.accepted_per_round)))
+                                    list(result.stats.accepted_per_round), dict(result.stats.drafted_tokens)))
     return summarize(outcomes, exact, decode_report(recognizer, decode))
 
 
@@ -148,11 +153,19 @@ def summarize(outcomes: list[ItemOutcome], exact: bool | None, decode: dict) -> 
         tpf=_tokens_per_pass(outcomes),
         tpf_by_type={t: _tokens_per_pass(group) for t, group in sorted(by_type.items())},
         accepted_per_round=accepted,
+        committed_by_source={t: _committed_by_source(group) for t, group in sorted(by_type.items())},
         unreadable=[{"id": o.id, "error": o.error} for o in outcomes if o.error],
         exact=exact,
         decode=decode,
         items=outcomes,
     )
+
+
+def _committed_by_source(outcomes: list[ItemOutcome]) -> dict[str, float]:
+    committed = sum(o.committed_tokens for o in outcomes)
+    drafted = {source: sum(o.drafted_tokens.get(source, 0) for o in outcomes) for source in DRAFT_SOURCES}
+    shares = {**drafted, "ar": committed - sum(drafted.values())}
+    return {source: round(count / committed, 4) if committed else 0.0 for source, count in shares.items()}
 
 
 def _tokens_per_pass(outcomes: list[ItemOutcome]) -> float:

@@ -47,7 +47,7 @@ def sample_group(model: GravityOcrForConditionalGeneration, prompt: EncodedPromp
         positions = torch.full((3, group_size, 1), position + step, dtype=torch.long, device=device)
         mask = causal_attention_mask(cache.get_seq_length(), 1, device)[None, None]
         copy_ids = None
-        if start.reading is not None:  # each member's copy token of its own text
+        if start.reading is not None and model.copies_reading:  # each member's copy token of its own text
             for text, token in zip(texts, tokens.tolist()):
                 text.append(token)
             copy_ids = torch.tensor([[start.reading.copy_token(text)] for text in texts], device=device)
