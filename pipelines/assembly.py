@@ -145,12 +145,17 @@ def sum_stats(parts: list[dict | None]) -> dict | None:
         return None
     tokens = sum(p["committed_tokens"] for p in parts)
     passes = sum(p["forward_passes"] for p in parts)
+    drafted: dict[str, int] = {}
+    for part in parts:
+        for source, count in part["drafted_tokens"].items():
+            drafted[source] = drafted.get(source, 0) + count
     return {
         "committed_tokens": tokens,
         "forward_passes": passes,
         "tokens_per_forward": round(tokens / max(1, passes), 4),
         "accepted_per_round": [a for p in parts for a in p["accepted_per_round"]],
         "ar_rounds": sum(p["ar_rounds"] for p in parts),
+        "drafted_tokens": drafted,
         "finish_reason": next((reason for reason in ("repetition", "length")
                                if any(p["finish_reason"] == reason for p in parts)), "eos"),
     }

@@ -1,8 +1,8 @@
 """The rows the batch job's stages hand each other, and reading one planned page.
 
-The layout stage writes a page's plan into a row (`planned_row`), an engine reads its crops
-and fills the plan (`submit_page_crops`, then `read_page`), the write stage writes the
-result row. The job's own engine actors and Serve's replicas (when the job reads through
+The layout stage writes a page's plan into a row (`planned_fields`), an engine reads its
+crops and fills the plan (`submit_page_crops`, then `read_page` or `page_record`), the
+write stage writes the result row. The job's own engine actors and Serve's replicas (when the job reads through
 them) run the same two functions, so a page's row is the same whichever engine read it.
 """
 
@@ -104,7 +104,13 @@ def submit_page_crops(rows: list[dict], crops, submit=None) -> list[SubmittedPag
 
 
 async def read_page(page: SubmittedPage, mode: str, node_id: str) -> dict:
-    """The READ_SCHEMA record of a submitted page, once its crops are read."""
+    """The READ_SCHEMA record of a submitted page, once its crops are read (awaited)."""
+    read = await asyncio.gather(*(asyncio.wrap_future(future) for future in page.futures))
+    return page_record(page, list(read), mode, node_id)
+
+
+def page_record(page: SubmittedPage, read: list, mode: str, node_id: str) -> dict:
+    """The READ_SCHEMA record of a submitted page from its crops' results (CropResult)."""
     from gravityocr.pipelines.assembly import page_markdown
 
     row, plan = page.row, page.plan
@@ -113,8 +119,7 @@ async def read_page(page: SubmittedPage, mode: str, node_id: str) -> dict:
     if plan is None:  # the document could not be rendered
         record.update(markdown="", regions_json="null", committed_tokens=0, forward_passes=0)
         return record
-    read = await asyncio.gather(*(asyncio.wrap_future(future) for future in page.futures))
-    result = PagePlanner.fill(plan, list(read), time.perf_counter() - page.started)
+    result = PagePlanner.fill(plan, read, time.perf_counter() - page.started)
     stats = [region.stats for region in result.regions if region.stats]
     record.update(markdown=page_markdown(result), regions_json=json.dumps(result.to_dict()),
                   committed_tokens=sum(s["committed_tokens"] for s in stats),

@@ -451,18 +451,23 @@ class OcrService:
         engine's batch lane: its READ_SCHEMA record, as the job's own engine actors write it.
         At most `batch_pages_per_replica` pages read at once; the others wait here, never
         refused (the job bounds how many it sends, `batch_pages_in_flight`)."""
-        from gravityocr.pipelines.batch_rows import read_page, submit_page_crops
-
         async with self.batch_gate:
             engine_requests = EngineRequests(self.loop, lane=BATCH)
-            submitted = submit_page_crops([row], self.crops, engine_requests.submit_all)[0]
-            try:
-                record = await read_page(submitted, self.decode.mode, self.node_id)
+            try:  # off the event loop, which answers the online requests meanwhile
+                record = await asyncio.to_thread(self._read_batch_page, row, engine_requests)
             except asyncio.CancelledError:  # the job gave the page up: its crops leave the engine
                 engine_requests.abandon()
                 raise
         metrics.record_lane_page(BATCH)
         return record
+
+    def _read_batch_page(self, row: dict, engine_requests: EngineRequests) -> dict:
+        """Decode the page's crops (PNG), submit them, wait, fill the page: CPU work and waits
+        a replica's event loop must not do."""
+        from gravityocr.pipelines.batch_rows import page_record, submit_page_crops
+
+        (page,) = submit_page_crops([row], self.crops, engine_requests.submit_all)
+        return page_record(page, [future.result() for future in page.futures], self.decode.mode, self.node_id)
 
     async def batch_pages_in_flight(self) -> int:
         """How many batch pages a job keeps in flight on this deployment: this replica's

@@ -16,7 +16,9 @@ work leaves free: all of them while there is none, else no more slots than the o
 requests hold (a round is as wide as its rows, and an online request waits for its rounds).
 Batch sequences past that share, those that have committed least first, are preempted
 (taken out, back at the head of the backlog): a waiting online request is admitted at the
-next round whatever the batch backlog. A preempted crop is decoded again
+next round whatever the batch backlog. The share holds for `ONLINE_HOLD_S` after the last
+online request leaves, so a run of online requests does not find the batch lane grown into
+every slot between two of them. A preempted crop is decoded again
 from its prompt and writes the same tokens (each output is the request's greedy decoding
 alone), so the lanes change who waits, never what is read.
 
@@ -32,6 +34,7 @@ import itertools
 import logging
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
@@ -45,6 +48,11 @@ log = logging.getLogger(__name__)
 TokenListener = Callable[[list[int]], None]
 ONLINE, BATCH = "online", "batch"  # the lanes, online first
 LANES = (ONLINE, BATCH)
+# Seconds the batch lane keeps to the online requests' share after the last of them left:
+# online traffic comes in runs (a client sends its next request as the last one answers), and
+# a batch lane that took every slot in the gap would hold the next request behind its
+# prefills (`gravityocr bench lanes`, docs/one-pool.md).
+ONLINE_HOLD_S = 1.0
 
 
 @dataclass
@@ -71,6 +79,7 @@ class EngineLoop:
         self._backlog: deque[tuple[Request, Future]] = deque()  # batch requests not in the engine yet
         self._batch_in_engine: dict[str, Request] = {}  # by request id: batch requests in the engine
         self._lanes = LaneStats()
+        self._online_last = (0, float("-inf"))  # online requests in the engine when last seen, and when
         self._futures: dict[str, Future] = {}
         self._listeners: dict[str, tuple[TokenListener, int]] = {}  # request id -> (listener, tokens sent)
         self._ids = itertools.count()
@@ -172,10 +181,16 @@ class EngineLoop:
 
     def _batch_slots(self) -> int:
         """Slots the batch lane may hold now: all the online requests leave free when there
-        are none, else no more than they hold (rounds are as wide as their rows, and an
-        online request waits for its rounds; the batch lane still moves)."""
+        have been none for ONLINE_HOLD_S, else no more than they hold, or held last (rounds
+        are as wide as their rows, and an online request waits for each of its rounds; the
+        batch lane still moves)."""
         stats = self._engine.stats()
         online = stats.batch_size + stats.waiting - len(self._batch_in_engine)
+        now = time.monotonic()
+        if online:
+            self._online_last = (online, now)
+        elif now - self._online_last[1] < ONLINE_HOLD_S:
+            online = self._online_last[0]
         free_of_online = self._engine.config.max_batch_size - online
         return free_of_online if online == 0 else min(free_of_online, online)
 

@@ -202,13 +202,16 @@ def _verifiable(sequence: Sequence, block_size: int, adaptive: bool, from_readin
     """Drafts a sequence verifies without a draft pass: its reading's (where it drafts from
     its reading, `drafts_from_reading`; none where the reading has no place to continue
     from: it then verifies [x] alone, an AR step) or its prefill's masks' (its first round);
-    no more than may still be committed after the bonus, kept to its formula's structure.
-    None: the round's draft pass drafts for it with the mask block."""
+    no more than may still be committed after the bonus, kept to its formula's structure;
+    none where its mask drafts stopped paying (`Sequence.drafts_pay`). None: the round's
+    draft pass drafts for it with the mask block."""
     room = max(0, sequence.max_new_tokens - len(sequence.tokens) - 1)
     if drafts_from_reading(sequence, from_reading):
         drafts = sequence.reading.drafts(sequence.tokens, sequence.next_block(block_size, adaptive) - 1)
     elif sequence.drafts:
         drafts = sequence.drafts
+    elif not sequence.drafts_pay(adaptive):
+        return []  # its mask drafts stopped paying: [x] alone, one pass
     else:
         return None
     kept = kept_to_structure(sequence.shape, drafts[:room])
