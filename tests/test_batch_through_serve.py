@@ -22,7 +22,7 @@ import yaml
 
 from gravityocr.bench import synthetic_pages
 from gravityocr.model.network.loading import Recognizer, save_recognizer
-from gravityocr.pipelines.batch_job import BatchJobConfig, run_batch_job
+from gravityocr.pipelines.batch_job import EXIT_DOCUMENTS_FAILED, BatchJobConfig, run_batch_job
 from ports import free_port
 from ray_cluster import processes_mentioning
 
@@ -44,9 +44,11 @@ def model_dir(tmp_path_factory, trained_tiny_model, processor):
 
 @pytest.fixture(scope="module")
 def pages(tmp_path_factory):
+    """PAGES one-page documents and one that cannot be read (an error row, exit code 3)."""
     directory = tmp_path_factory.mktemp("corpus")
     for index, page in enumerate(synthetic_pages.sample_pages(PAGES, seed=20)):
         page.image.save(directory / f"page-{index:02d}.png")
+    (directory / "empty.pdf").write_bytes(b"")
     return directory
 
 
@@ -104,7 +106,7 @@ def standalone(ray_cluster, model_dir, pages, tmp_path_factory):
     summary = run_batch_job(BatchJobConfig(str(pages), str(output), address=ray_cluster.address, min_actors=1,
                                            max_actors=1, model=model_dir, pages_per_batch=2,
                                            max_new_tokens=MAX_NEW_TOKENS))
-    assert summary.pages == PAGES and summary.engine == "actors"
+    assert summary.pages == PAGES and summary.documents_failed == 1 and summary.engine == "actors"
     return output
 
 
@@ -122,7 +124,8 @@ def _outputs(output) -> tuple[dict, list[dict]]:
     for file in sorted((output / "pages").rglob("*.parquet")):
         for row in pq.read_table(file).to_pylist():
             regions = json.loads(row.pop("regions_json"))
-            regions.pop("seconds")
+            if regions:  # None: a document that could not be read
+                regions.pop("seconds")
             rows.append({**{k: v for k, v in row.items() if k != "node_id"}, "regions": regions})
     return markdown, sorted(rows, key=lambda r: r["document_id"])
 
@@ -173,11 +176,11 @@ def test_the_job_reads_through_serve_beside_online_requests(ray_cluster, serving
     stdout, stderr = job.communicate(timeout=600)
     for thread in threads:
         thread.join(timeout=180)
-    assert job.returncode == 0, stderr[-3000:]
+    assert job.returncode == EXIT_DOCUMENTS_FAILED, stderr[-3000:]  # empty.pdf, an error row as ever
     assert statuses and set(statuses) == {200}, statuses
     assert max(replicas_seen) == 2, replicas_seen  # the job's pages alone take the deployment to max_replicas
     summary = json.loads((output / "_summary.json").read_text())
-    assert summary["engine"] == f"serve:{APP}" and summary["pages"] == PAGES and summary["documents_failed"] == 0
+    assert summary["engine"] == f"serve:{APP}" and summary["pages"] == PAGES and summary["documents_failed"] == 1
     assert "read by: serve:gravityocr" in stdout
     assert _outputs(output) == _outputs(standalone)
     deadline = time.monotonic() + 90
@@ -186,7 +189,8 @@ def test_the_job_reads_through_serve_beside_online_requests(ray_cluster, serving
         time.sleep(1)
 
 
-def test_a_replica_killed_mid_job_loses_and_duplicates_nothing(ray_cluster, serving, standalone, pages, tmp_path):
+def test_a_replica_killed_mid_job_loses_and_duplicates_nothing_and_resume_redoes_only_the_missing(
+        ray_cluster, serving, standalone, pages, tmp_path):
     import os
 
     output = tmp_path / "killed"
@@ -202,9 +206,17 @@ def test_a_replica_killed_mid_job_loses_and_duplicates_nothing(ray_cluster, serv
         time.sleep(0.2)
     stdout, stderr = job.communicate(timeout=600)
     assert killed is not None, "the job finished before a replica could be killed"
-    assert job.returncode == 0, stderr[-3000:]
+    assert job.returncode == EXIT_DOCUMENTS_FAILED, stderr[-3000:]
     files = sorted((output / "pages").rglob("*.parquet"))
-    assert len(files) == PAGES
+    assert len(files) == PAGES + 1  # and empty.pdf's error row
+    assert _outputs(output) == _outputs(standalone)
+    # --resume through Serve: only what is not complete is read again
+    (output / "markdown" / "page-03.png.md").unlink()
+    done = subprocess.run(_batch_command(ray_cluster, pages, output, "--serve-app", "--resume"),
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == EXIT_DOCUMENTS_FAILED, done.stderr[-3000:]
+    summary = json.loads((output / "_summary.json").read_text())
+    assert (summary["documents_skipped"], summary["pages"]) == (PAGES - 1, 1)  # page-03 and empty.pdf tried again
     assert _outputs(output) == _outputs(standalone)
 
 
@@ -213,4 +225,4 @@ def test_a_missing_application_is_one_clear_line(ray_cluster, serving, pages, tm
                           capture_output=True, text=True, timeout=300)
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert "no Serve application 'nightly' on this Ray cluster" in done.stderr
-    assert not (tmp_path / "out" / "pages").exists()
+    assert not (tmp_path / "out" / "pages").exists() and not (tmp_path / "out" / "_summary.json").exists()
