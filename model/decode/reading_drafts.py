@@ -28,7 +28,7 @@ LOOKUP_LENGTHS = (4, 3, 2, 1)
 NO_COPY = -1  # a position without a copy token (no place in the reading, or past its end)
 # Contents whose output is the reading's text: they draft from the reading. A table's HTML
 # and a formula's LaTeX are not (their drafts from the reading are mostly rejected): they
-# draft with the mask block (model/engine/rounds.py `drafts_from_reading`, docs/decoding.md).
+# take AR steps (model/engine/rounds.py `drafts_from_reading`, docs/decoding.md).
 DRAFTED_TASKS = ("text",)
 
 

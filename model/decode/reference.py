@@ -219,15 +219,17 @@ def speculative_decode(model, prompt: EncodedPrompt, max_new_tokens: int, eos_id
                        reading_drafts: bool = True) -> DecodeResult:
     """Self-speculative decoding; output identical to `greedy_decode` of the same weights.
     Drafts are chosen by content, by the rule the engine ships (model/engine/rounds.py
-    `drafts_from_reading`): a text line of a model with a reading prefix (and
-    `reading_drafts`) verifies its reading's next tokens, one pass a round; every other
-    sequence drafts with the mask block. With `draft_rules`, a formula's drafts are kept
-    to LaTeX's command names (model/decode/draft_rules.py) before they are verified."""
+    `drafts_from_reading`): with a model that has a reading prefix (and `reading_drafts`),
+    a text line verifies its reading's next tokens, one pass a round, and a table or a
+    formula takes AR steps; a model without a reading drafts with the mask block. With
+    `draft_rules`, a formula's drafts are kept to LaTeX's command names
+    (model/decode/draft_rules.py) before they are verified."""
     check_length(prompt, max_new_tokens, model)
     if block_size < 2:
         raise ValueError(f"block_size must be at least 2, got {block_size}")
-    if reading_drafts and model.reading_prefix is not None and prompt.task in DRAFTED_TASKS:
-        return _decode_from_reading(model, prompt, max_new_tokens, eos_ids, block_size, draft_rules)
+    if reading_drafts and model.reading_prefix is not None:
+        return _decode_with_reading(model, prompt, max_new_tokens, eos_ids, block_size, draft_rules,
+                                    prompt.task in DRAFTED_TASKS)
     cache = DynamicCache(config=model.config.text_config)
     start = prefill(model, prompt, cache, eos_ids, first_block(block_size, max_new_tokens))
     position, scorer = start.next_position, start.scorer
@@ -274,14 +276,16 @@ def speculative_decode(model, prompt: EncodedPrompt, max_new_tokens: int, eos_id
     return DecodeResult(sequence.tokens, stats, sequence.finish_reason or "length")
 
 
-def _decode_from_reading(model, prompt: EncodedPrompt, max_new_tokens: int, eos_ids: set[int], block_size: int,
-                         draft_rules: DraftRules | None) -> DecodeResult:
-    """Rounds that draft from the reading: the prefill verifies the reading's first tokens
-    in its own pass; each round then verifies [x, the reading's next block - 1 tokens from
-    the text's place in it] (model/decode/reading_drafts.py), no draft pass; where the
-    reading has no place to continue from, [x] alone (an AR step, a round that accepts 0)."""
+def _decode_with_reading(model, prompt: EncodedPrompt, max_new_tokens: int, eos_ids: set[int], block_size: int,
+                         draft_rules: DraftRules | None, verify_reading: bool) -> DecodeResult:
+    """Rounds of a model with a reading, no draft pass: with `verify_reading` the prefill
+    verifies the reading's first tokens in its own pass, and each round [x, the reading's
+    next block - 1 tokens from the text's place in it] (model/decode/reading_drafts.py);
+    where the reading has no place to continue from, or without `verify_reading`, [x] alone
+    (an AR step, a round that accepts 0)."""
     cache = DynamicCache(config=model.config.text_config)
-    start = prefill(model, prompt, cache, eos_ids, first_block(block_size, max_new_tokens), from_reading=True)
+    block = first_block(block_size, max_new_tokens) if verify_reading else 0
+    start = prefill(model, prompt, cache, eos_ids, block, from_reading=True)
     position, reading, scorer = start.next_position, start.reading, start.scorer
     copying = reading if model.copies_reading else None
     sequence = _Sequence(eos_ids, max_new_tokens, prompt.task,
@@ -296,7 +300,9 @@ def _decode_from_reading(model, prompt: EncodedPrompt, max_new_tokens: int, eos_
     while not sequence.finished:
         k = len(sequence.tokens)
         block = max(2, min(block_size, max_new_tokens - k))
-        drafts = kept_to_structure(sequence.shape, reading.drafts(sequence.tokens, block - 1)[:max(0, max_new_tokens - k - 1)])
+        room = max(0, max_new_tokens - k - 1)  # no more than may still be committed after the bonus
+        drafts = kept_to_structure(sequence.shape, reading.drafts(sequence.tokens, block - 1)[:room]) \
+            if verify_reading else []
         verify_logits = _step(model, sequence.tokens[-1:] + drafts, position + k - 1,
                               causal_attention_mask(cache.get_seq_length(), 1 + len(drafts), model.device), cache,
                               _copies(copying, sequence.tokens + drafts, k, 1 + len(drafts)))

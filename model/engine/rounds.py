@@ -56,11 +56,10 @@ def prefill(runner: ModelRunner, sequences: list[Sequence], blocks: list[int], f
     model = runner.model
     image_embeds, readings, scorers = runner.encode([s.request.prompt for s in sequences])
     drafts = [[] for _ in sequences]
-    if from_reading and readings is not None:  # a row whose content is its reading's verifies it; the others mask
-        reads = [bool(block) and s.request.prompt.task in DRAFTED_TASKS for s, block in zip(sequences, blocks)]
-        drafts = [reading.drafts([], block - 1) if read else []
-                  for reading, block, read in zip(readings, blocks, reads)]
-        blocks = [0 if read else block for block, read in zip(blocks, reads)]
+    if from_reading and readings is not None:  # a text line verifies its reading; tables and formulas draw none
+        drafts = [reading.drafts([], block - 1) if block and s.request.prompt.task in DRAFTED_TASKS else []
+                  for s, reading, block in zip(sequences, readings, blocks)]
+        blocks = [0] * len(sequences)
     layout = prefill_layout(model, sequences, image_embeds, blocks, drafts, runner.mask_id, runner.pad_id,
                             runner.device)
     if model.copies_reading:  # each row's last prompt position predicts its first token, its drafts the next
@@ -193,29 +192,31 @@ def _copy_ids(readings: list[ReadingIndex], texts: list[list[int]], firsts: list
 
 def drafts_from_reading(sequence: Sequence, from_reading: bool) -> bool:
     """Drafts by content: a sequence whose output is its reading's text (a text line of a
-    model with a reading) drafts from its reading; every other one (formulas, whole tables,
-    a model without a reading) with the mask block."""
+    model with a reading) drafts from its reading. A table or a formula of such a model
+    takes AR steps: mask drafts for them cost a batch its draft pass and did not pay it back
+    with the shipped weights (docs/decoding.md, session 50). A model without a reading drafts
+    with the mask block."""
     return from_reading and sequence.reading is not None and sequence.request.prompt.task in DRAFTED_TASKS
 
 
 def _verifiable(sequence: Sequence, block_size: int, adaptive: bool, from_reading: bool) -> list[int] | None:
     """Drafts a sequence verifies without a draft pass: its reading's (where it drafts from
     its reading, `drafts_from_reading`; none where the reading has no place to continue
-    from: it then verifies [x] alone, an AR step) or its prefill's masks' (its first round);
-    no more than may still be committed after the bonus, kept to its formula's structure;
-    none where its mask drafts stopped paying (`Sequence.drafts_pay`). None: the round's
-    draft pass drafts for it with the mask block."""
+    from, and none for a table or a formula of a model with a reading: it then verifies [x]
+    alone, an AR step) or its prefill's masks' (its first round); no more than may still be
+    committed after the bonus, kept to its formula's structure. None: the round's draft
+    pass drafts for it with the mask block."""
     room = max(0, sequence.max_new_tokens - len(sequence.tokens) - 1)
-    if drafts_from_reading(sequence, from_reading):
+    if from_reading and sequence.reading is not None:
+        if not drafts_from_reading(sequence, from_reading):
+            return []  # a table or a formula: an AR step in the round
         drafts = sequence.reading.drafts(sequence.tokens, sequence.next_block(block_size, adaptive) - 1)
     elif sequence.drafts:
         drafts = sequence.drafts
-    elif not sequence.drafts_pay(adaptive):
-        return []  # its mask drafts stopped paying: [x] alone, one pass
     else:
         return None
     kept = kept_to_structure(sequence.shape, drafts[:room])
-    return kept if kept or drafts_from_reading(sequence, from_reading) else None
+    return kept if kept or (from_reading and sequence.reading is not None) else None
 
 
 def _kept_to_structure(sequences: list[Sequence], came_with: list[list[int]], y: torch.Tensor, drafts: torch.Tensor,

@@ -15,11 +15,6 @@ from gravityocr.model.network.processor import EncodedPrompt
 from gravityocr.model.decode.stopping import stop_reason
 
 
-# Mean accepted mask drafts per round under which a round's draft pass costs more than it
-# saves (`gravityocr bench decode`, docs/decoding.md).
-MIN_ACCEPTED_PER_ROUND = 1.0
-
-
 @dataclass
 class Request:
     request_id: str
@@ -98,14 +93,6 @@ class Sequence:
             self.tokens.append(token)
             if self.shape is not None:
                 self.shape.feed(token)
-
-    def drafts_pay(self, adaptive: bool) -> bool:
-        """Whether mask drafts still pay for their draft pass: with `adaptive`, not once a
-        full window of rounds accepted fewer than MIN_ACCEPTED_PER_ROUND drafts on average
-        (the sequence then takes one pass a round, an AR step, for the rest of its output)."""
-        recent = self.recent_accepted
-        return not adaptive or len(recent) < (recent.maxlen or 0) or \
-            sum(recent) >= MIN_ACCEPTED_PER_ROUND * len(recent)
 
     def next_block(self, block_size: int, adaptive: bool) -> int:
         """Draft block for the next round. Never longer than what may still be committed
