@@ -29,7 +29,7 @@ from ray_cluster import processes_mentioning
 pytestmark = pytest.mark.timeout(900)
 
 APP = "gravityocr"  # the application `gravityocr serve` runs
-PAGES = 12
+PAGES = 8
 MAX_NEW_TOKENS = 48
 
 

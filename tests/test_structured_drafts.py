@@ -44,7 +44,7 @@ def test_shipped_model_stays_exact_in_fewer_passes(shipped):
     for prompt in prompts["formula"]:
         greedy = greedy_decode(model, prompt, limit, eos).token_ids
         for name, rules in (("kept", processor.draft_rules), ("free", None)):
-            result = speculative_decode(model, prompt, limit, eos, 32, rules)
+            result = speculative_decode(model, prompt, limit, eos, 32, rules, reading_drafts=False)  # mask drafts
             assert result.token_ids == greedy
             passes[name] += result.stats.forward_passes
     assert passes["kept"] < passes["free"]  # every round's drafts are kept to structure
@@ -62,7 +62,7 @@ def test_engine_keeps_drafts_to_structure_as_the_reference_does(shipped):
                     eos, draft_rules=processor.draft_rules)
     results = engine.generate([Request(str(i), prompt, limit) for i, prompt in enumerate(prompts["formula"])])
     for prompt, result in zip(prompts["formula"], results):
-        reference = speculative_decode(model, prompt, limit, set(eos), 32, processor.draft_rules)
+        reference = speculative_decode(model, prompt, limit, set(eos), 32, processor.draft_rules, reading_drafts=False)
         assert result.token_ids == reference.token_ids
         assert result.stats.accepted_per_round == reference.stats.accepted_per_round
         assert result.stats.forward_passes == reference.stats.forward_passes
@@ -91,6 +91,6 @@ def test_engine_classic_rounds_keep_each_rows_drafts_to_its_own_structure(shippe
                                           for i, (kind, prompt) in enumerate(mixed)])
     for (kind, prompt), result, adaptive_result in zip(mixed, results, adaptive_results):
         reference = speculative_decode(model, prompt, MAX_NEW_TOKENS[kind], set(processor.eos_token_ids), 32,
-                                       processor.draft_rules)
+                                       processor.draft_rules, reading_drafts=False)
         assert result.token_ids == reference.token_ids == adaptive_result.token_ids
         assert result.stats.accepted_per_round == reference.stats.accepted_per_round
