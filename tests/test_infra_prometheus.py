@@ -224,7 +224,8 @@ def test_prometheus_answers_the_panels_for_a_real_batch_job_and_serve_requests(l
     try:
         _wait_ready(serve_url, server, logs / "serve.log", timeout=300)
         with open(logs / "batch.log", "w") as log:
-            # The engine actor on the engine worker node, as the RayCronJob places it.
+            # An engine actor of its own on the engine worker node, as an ad-hoc job on RayCluster
+            # gravityocr places it (the nightly job reads through the service: test_batch_through_serve.py).
             batch = subprocess.Popen([gravityocr, "batch", "s3://gravityocr-input/nightly/",
                                       "s3://gravityocr-output/nightly/", "--address", settings["RAY_ADDRESS"],
                                       "--max-actors", "1", "--actor-resources", '{"engine_worker": 1}',
