@@ -77,7 +77,7 @@ class EngineLoop:
         # each item: the lane and requests of one submit call, admitted in the same step
         self._incoming: queue.Queue[tuple[str, list[tuple[Request, Future, TokenListener | None]]]] = queue.Queue()
         self._backlog: deque[tuple[Request, Future]] = deque()  # batch requests not in the engine yet
-        self._batch_in_engine: dict[str, Request] = {}  # by request id: batch requests in the engine
+        self._batch_in_engine: dict[str, None] = {}  # ids of the batch requests in the engine, in admission order
         self._lanes = LaneStats()
         self._online_last = (0, float("-inf"))  # online requests in the engine when last seen, and when
         self._futures: dict[str, Future] = {}
@@ -176,7 +176,7 @@ class EngineLoop:
         self._futures[request.request_id] = future
         self._lanes.admitted[lane] += 1
         if lane == BATCH:
-            self._batch_in_engine[request.request_id] = request
+            self._batch_in_engine[request.request_id] = None
         return True
 
     def _batch_slots(self) -> int:
@@ -201,7 +201,7 @@ class EngineLoop:
         if excess <= 0:
             return
         victims = sorted(self._batch_in_engine, key=lambda i: len(self._engine.committed(i)))[:excess]
-        in_admission_order = [i for i in self._batch_in_engine if i in victims]  # dicts keep insertion order
+        in_admission_order = [i for i in self._batch_in_engine if i in victims]
         for request_id in reversed(in_admission_order):
             request = self._engine.preempt(request_id)
             del self._batch_in_engine[request_id]
