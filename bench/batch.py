@@ -21,7 +21,8 @@ from gravityocr.bench import synthetic_pages
 from gravityocr.pipelines.batch_job import BatchJobConfig, run_batch_job
 
 
-def _rss_bytes(pid: int) -> int:
+def rss_bytes(pid: int) -> int:
+    """The process's resident memory in bytes; 0 once it has gone."""
     try:
         with open(f"/proc/{pid}/statm") as handle:
             return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -49,7 +50,7 @@ class PeakMemory:
 
     def _sample(self) -> None:
         while not self._stop.is_set():
-            self.peak = max(self.peak, sum(_rss_bytes(pid) for pid in _session_pids(self.marker)))
+            self.peak = max(self.peak, sum(rss_bytes(pid) for pid in _session_pids(self.marker)))
             time.sleep(0.2)
 
     def __enter__(self):

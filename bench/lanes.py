@@ -26,8 +26,8 @@ import threading
 import time
 from pathlib import Path
 
-from gravityocr.bench.batch import _rss_bytes, make_input
-from gravityocr.bench.serve import REAL, _bodies, _free_port, load_level
+from gravityocr.bench.batch import rss_bytes, make_input
+from gravityocr.bench.serve import REAL, chat_bodies, free_port, load_level
 from gravityocr.pipelines.batch_job import BatchJobConfig, run_batch_job
 from gravityocr.serve.app import build_app
 from gravityocr.serve.settings import ServeSettings
@@ -52,7 +52,7 @@ class EngineMemory:
             pids = list(holders)
             self.titles.update(holders.values())
             self.processes = max(self.processes, len(pids))
-            self.peak = max(self.peak, sum(_rss_bytes(pid) for pid in pids))
+            self.peak = max(self.peak, sum(rss_bytes(pid) for pid in pids))
             time.sleep(0.2)
 
     def __enter__(self):
@@ -97,12 +97,12 @@ def main(argv: list[str] | None = None) -> int:
     source = Path(args.input) if args.input else work / "input"
     if not args.input:
         make_input(source, args.pages, seed=100)
-    bodies = _bodies(Path(args.data), 200)
+    bodies = chat_bodies(Path(args.data), 200)
     ray_temp = str(work / "ray")
     # Logical CPUs beyond the cores: the replicas, the job's actors and its CPU tasks must all
     # be placeable at once (they share the cores either way).
     ray.init(_temp_dir=ray_temp, num_cpus=8, log_to_driver=False, include_dashboard=False)
-    port = _free_port()
+    port = free_port()
     serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
     url = f"http://127.0.0.1:{port}"
     report: dict = {"engines": args.engines, "online": [], "jobs": []}

@@ -2,7 +2,8 @@
 decoding of the same weights, on the same pages, in the same run) and for two peers run
 on the same pages: rapidocr (PP-OCRv6, its bundled models) and Tesseract. Also the
 layout backends on their own: seconds per page and how well they find the generated
-pages' regions.
+pages' regions; and our pipeline through each door a user has (`ocr`, `batch`, serve:
+bench/doors.py), seconds per page on the same pages.
 
 Page score = the evaluator's (`model/evaluation/scores.py` `page_similarity`): 1 - normalized
 edit distance between the page's text in reading order and the truth (tables count by their
@@ -316,6 +317,8 @@ def parse_args(argv):
                         help="cap per crop (default: none; 16 with --random)")
     parser.add_argument("--skip-ours", action="store_true")
     parser.add_argument("--skip-peers", action="store_true")
+    parser.add_argument("--skip-doors", action="store_true",
+                        help="leave out `ocr`, `batch` and serve read as commands (bench/doors.py)")
     parser.add_argument("--json", default=None, help="also write the figures here")
     return parser.parse_args(argv)
 
@@ -360,6 +363,18 @@ def main(argv: list[str] | None = None) -> int:
             extra = {k: v for k, v in row.items() if k not in ("system", "s_per_page", "page_score", "per_page")}
             print(f"{system.name:32s} {row['s_per_page']:8.3f} s/page  score {row['page_score']:.4f}  {extra}")
             print("   per page:", row["per_page"])
+    if not args.skip_doors:
+        if args.random:
+            report["doors"] = {"skipped": "the doors read a model directory (--model or the embedded one)"}
+        else:
+            from gravityocr.bench.doors import measure_doors
+            from gravityocr.pipelines.ocr_cli import default_model_path
+
+            report["doors"] = measure_doors([page.image for page in pages], args.model or str(default_model_path()))
+            for row in report["doors"]["doors"]:
+                print("door", json.dumps(row))
+            print("doors: same text", report["doors"]["same_text"], " ocr/batch s per page",
+                  report["doors"].get("ocr_vs_batch_s_per_page"))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
     return 0

@@ -7,8 +7,8 @@ image whole, the systems taking turns a few pages at a time (ours: the page pipe
 `gravityocr ocr` runs, with the engine's split of its time: the vision tower's and the
 decoder's seconds per page); score = the evaluator's page score. rapidocr and Tesseract read text only, so tables and formulas are not compared here
 (`gravityocr eval data/real` scores ours on them). With `--photo-like`, every system reads
-the pages as a phone photographs them (corpus/augment.py `photo_like`, seeded by each page's
-id: the same images for every system and every run).
+the pages and the lines as a phone photographs them (corpus/augment.py `photo_like`, seeded by
+each item's id: the same images for every system and every run).
 
     gravityocr bench real [--data data/real] [--model DIR] [--json FILE] [--skip-peers] [--skip-lines] [--photo-like]
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import random
 import shutil
@@ -209,6 +210,19 @@ def tesseract_lines(items: list[ManifestItem]) -> Figures:
     return figures
 
 
+def photographed(items: list[ManifestItem], directory: Path) -> list[ManifestItem]:
+    """The items with their images as `photo_like` degrades them (seeded by their ids), written
+    to `directory`, so every system reads the same files."""
+    from gravityocr.corpus.augment import photo_like
+
+    out = []
+    for item in items:
+        path = directory / f"{item.id}.png"
+        photo_like(item.load_image(), random.Random(item.id))[0].save(path)
+        out.append(dataclasses.replace(item, image_path=path))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gravityocr bench real", description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="evaluation set (default: data/real)")
@@ -218,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-pages", action="store_true")
     parser.add_argument("--skip-lines", action="store_true")
     parser.add_argument("--photo-like", action="store_true",
-                        help="read the pages as photographed (corpus.augment.photo_like, seeded by page id)")
+                        help="read the pages and lines as photographed (corpus.augment.photo_like, seeded by item id)")
     parser.add_argument("--json", default=None, help="also write the figures here")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     from gravityocr.model.engine.threads import engine_threads, reserve_for_engine
@@ -229,17 +243,21 @@ def main(argv: list[str] | None = None) -> int:
     lines = [] if args.skip_lines else [item for item in items if item.type == "text"]
     pages = [] if args.skip_pages else [item for item in items if item.type == "page"]
     recognizer = load_recognizer(args.model or DEFAULT_MODEL_DIR)
-    print(f"{args.data}: {len(lines)} lines, {len(pages)} pages; engine threads {engine_threads()}")
-    results = [ours_lines(recognizer, lines)] if lines else []
-    if pages:
-        results += pages_side_by_side(recognizer, pages, peers=not args.skip_peers, photo=args.photo_like)
-    if lines and not args.skip_peers:
-        results.append(rapidocr_lines(lines))
-        if shutil.which("tesseract"):
-            results.append(tesseract_lines(lines))
-        else:
-            print("tesseract: not installed (apt-get install -y tesseract-ocr)")
-    rows = [figures.row() for figures in results]
+    print(f"{args.data}: {len(lines)} lines, {len(pages)} pages; engine threads {engine_threads()}"
+          f"{'; photo-like' if args.photo_like else ''}")
+    with tempfile.TemporaryDirectory() as scratch:
+        if args.photo_like:
+            lines = photographed(lines, Path(scratch))
+        results = [ours_lines(recognizer, lines)] if lines else []
+        if pages:
+            results += pages_side_by_side(recognizer, pages, peers=not args.skip_peers, photo=args.photo_like)
+        if lines and not args.skip_peers:
+            results.append(rapidocr_lines(lines))
+            if shutil.which("tesseract"):
+                results.append(tesseract_lines(lines))
+            else:
+                print("tesseract: not installed (apt-get install -y tesseract-ocr)")
+    rows = [{**figures.row(), "photo_like": args.photo_like} for figures in results]
     for row in rows:
         print(json.dumps(row))
     if args.json:

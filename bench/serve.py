@@ -36,13 +36,15 @@ PROMPTS = {"text": "Text Recognition:", "table": "Table Recognition:", "formula"
 REAL = Path(__file__).resolve().parent.parent / "data" / "real"
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 free when asked, for a server a bench starts."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
 
-def _bodies(data: Path, limit: int) -> list[dict]:
+def chat_bodies(data: Path, limit: int) -> list[dict]:
+    """Chat-completion bodies for the first `limit` crops of the manifest in `data` (pages left out)."""
     bodies = []
     for item in read_manifest(data)[:limit]:
         if item.type not in PROMPTS:
@@ -144,8 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     import ray
     from ray import serve
 
-    bodies = _bodies(Path(args.data), 200)
-    port = _free_port()
+    bodies = chat_bodies(Path(args.data), 200)
+    port = free_port()
     ray.init(log_to_driver=False, include_dashboard=False)
     serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
     rows = []

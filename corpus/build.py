@@ -33,11 +33,11 @@ import pyarrow.parquet as pq
 from gravityocr.model.evaluation.manifest import png_bytes
 
 from gravityocr.corpus.augment import scan_like
-from gravityocr.corpus.debian import UnpackedPackage, check_not_reserved, fetch_package
+from gravityocr.corpus import lexicon
+from gravityocr.corpus.debian import DEFAULT_CACHE, UnpackedPackage, check_not_reserved, fetch_package
 from gravityocr.corpus.items import CorpusItem
 from gravityocr.corpus.sources import DEVELOPMENT, EVALUATION, TRAINING, check_sources
 
-DEFAULT_CACHE = Path.home() / ".cache" / "gravityocr" / "debian"
 TYPES = ("text", "page", "table", "formula")
 
 # The files each type reads, and how many of them make one unit of a build.
@@ -358,9 +358,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     evaluation.add_argument("--seed", type=int, default=0)
     evaluation.add_argument("--development", action="store_true",
                             help="the development set (data/dev) from the development packages instead")
+    lexicon.add_arguments(actions.add_parser("lexicon", help="the training documents' words, for the glyph fixes"))
 
 
 def run(args) -> int:
+    if args.action == "lexicon":
+        return lexicon.run(args)
     if args.action == "eval-set":
         if args.development:
             build_eval_set(args.output, args.cache, args.seed, counts=DEV_COUNTS, evaluation=DEVELOPMENT,

@@ -34,6 +34,7 @@ RESERVED_PACKAGES = (
 # Paths inside other packages that hold copies of reserved packages' documents (the
 # development snapshot of LaTeX's own sources ships amsmath's manual and test files).
 RESERVED_COPIES = ("/latex-dev/",)
+DEFAULT_CACHE = Path.home() / ".cache" / "gravityocr" / "debian"  # downloaded and unpacked packages
 
 
 class ReservedPackage(ValueError):

@@ -301,6 +301,15 @@ def serve_batch_pages_in_flight(app_name: str) -> int:
     return handle.batch_pages_in_flight.remote().result()
 
 
+def _ray_data_console_errors_only() -> None:
+    """Ray Data's console says only errors (its execution plan, its notes that progress bars
+    are off and its memory hints are in the session's ray-data.log, as all of its records are):
+    the job prints its own progress and summary."""
+    for handler in logging.getLogger("ray.data").handlers:
+        if type(handler) is not logging.FileHandler and isinstance(handler, logging.StreamHandler):
+            handler.setLevel(logging.ERROR)
+
+
 def run_batch_job(config: BatchJobConfig, progress: "BatchProgress | None" = None) -> BatchSummary:
     """Run the job; `progress` (the CLI's) hears of each page and document as it finishes."""
     import ray
@@ -327,6 +336,7 @@ def run_batch_job(config: BatchJobConfig, progress: "BatchProgress | None" = Non
             ray.init(address=config.address, log_to_driver=False, logging_level=logging.WARNING)
         ctx = ray.data.DataContext.get_current()
         ctx.enable_progress_bars = False
+        _ray_data_console_errors_only()
         runtime_env = _storage_runtime_env()
         dataset = (
             ray.data.from_items([{"key": d.key} for d in todo], override_num_blocks=len(todo))

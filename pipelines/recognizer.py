@@ -30,7 +30,7 @@ from gravityocr.model.decode.settings import DecodeSettings
 from gravityocr.model.decode.reference import DecodeStats, greedy_decode, speculative_decode
 from gravityocr.model.network.loading import Recognizer, load_recognizer
 from gravityocr.model.network.processor import TASK_PROMPTS, EncodedPrompt, InvalidInput
-from gravityocr.model.decode.stopping import without_loop
+from gravityocr.model.decode.crop_text import crop_text
 from gravityocr.model.engine.threads import engine_threads
 
 if TYPE_CHECKING:
@@ -174,7 +174,7 @@ class CropRecognizer:
                 futures[index] = _done(CropResult("", error=str(error)))
                 continue
             if self.config.decoder == "reference":
-                futures[index] = _done(self._decode_alone(prompt, budget))
+                futures[index] = _done(self._decode_alone(prompt, budget, task))
             else:
                 requests[index] = Request(str(index), prompt, budget)
         if requests:
@@ -184,7 +184,7 @@ class CropRecognizer:
             except Exception as error:  # noqa: BLE001 - e.g. serve's RequestAbandoned: these crops fail alone
                 engine_futures = [_failed(error) for _ in order]
             for index, engine_future in zip(order, engine_futures):
-                futures[index] = self._crop_future(engine_future)
+                futures[index] = self._crop_future(engine_future, crops[index][1])
         return futures  # type: ignore[return-value]
 
     def recognize(self, crops: Sequence[tuple[Image.Image, str]], submit: Submit | None = None) -> list[CropResult]:
@@ -201,7 +201,7 @@ class CropRecognizer:
                                "one crop may take")
         return min(self.config.max_new_tokens[task], self.recognizer.processor.output_budget(prompt), room)
 
-    def _crop_future(self, engine_future: Future) -> Future:
+    def _crop_future(self, engine_future: Future, task: str) -> Future:
         """A future of the CropResult that the engine's future of a RequestResult leads to."""
         out: Future = Future()
 
@@ -213,18 +213,17 @@ class CropRecognizer:
             except Exception as error:  # noqa: BLE001 - the engine's error for this crop
                 out.set_result(CropResult("", error=str(error)))
             else:
-                out.set_result(self._finish(finished.token_ids, finished.stats, finished.finish_reason))
+                out.set_result(self._finish(finished.token_ids, finished.stats, finished.finish_reason, task))
 
         engine_future.add_done_callback(settle)
         return out
 
-    def _finish(self, token_ids: list[int], stats: DecodeStats, finish_reason: str) -> CropResult:
-        """The crop's text; a loop cut by the stopping rule is shown once (model/decode/stopping.py)."""
-        if finish_reason == "repetition":
-            token_ids = without_loop(token_ids)
-        return CropResult(self.recognizer.processor.decode(token_ids), stats, finish_reason)
+    def _finish(self, token_ids: list[int], stats: DecodeStats, finish_reason: str, task: str) -> CropResult:
+        """The crop's text (model/decode/crop_text.py)."""
+        text = crop_text(self.recognizer.processor, self.recognizer.lexicon, token_ids, finish_reason, task)
+        return CropResult(text, stats, finish_reason)
 
-    def _decode_alone(self, prompt: EncodedPrompt, budget: int) -> CropResult:
+    def _decode_alone(self, prompt: EncodedPrompt, budget: int, task: str) -> CropResult:
         model, processor, decode = self.recognizer.model, self.recognizer.processor, self.config.decode
         eos = set(processor.eos_token_ids)
         try:
@@ -235,7 +234,7 @@ class CropRecognizer:
                 decoded = greedy_decode(model, prompt, budget, eos)
         except ValueError as error:
             return CropResult("", error=str(error))
-        return self._finish(decoded.token_ids, decoded.stats, decoded.finish_reason)
+        return self._finish(decoded.token_ids, decoded.stats, decoded.finish_reason, task)
 
 
 def _failed(error: BaseException) -> Future:

@@ -217,3 +217,6 @@ def test_a_run_with_a_bad_document_prints_progress_and_exits_non_zero(ray_cluste
     assert progress[-1].startswith("batch: 2/2 documents (1 failed), 1 pages")
     assert "documents: 2 (1 failed" in done.stdout and "1 of 2 documents failed" in done.stderr
     assert (output / "markdown/good.png.md").exists() and not (output / "markdown/empty.pdf.md").exists()
+    ray_data_notes = [line for line in done.stderr.splitlines() if "streaming_executor" in line
+                      or "Progress bars disabled" in line or "issue_detector" in line]
+    assert not ray_data_notes, "Ray Data's INFO and WARNING records are for its log file, not the console"

@@ -16,6 +16,7 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from gravityocr.model.decode.crop_text import crop_text
 from gravityocr.model.decode.reference import DRAFT_SOURCES
 from gravityocr.model.decode.settings import DecodeSettings
 from gravityocr.model.engine import Engine, Request
@@ -130,7 +131,8 @@ def evaluate(recognizer: Recognizer, items: list[ManifestItem], batch_size: int 
             outcomes.append(ItemOutcome(item.id, item.type, 0.0, "", error=errors[item.id]))
             continue
         result = results[item.id]
-        prediction = recognizer.processor.decode(result.token_ids)
+        prediction = crop_text(recognizer.processor, recognizer.lexicon, result.token_ids, result.finish_reason,
+                               item.type)
         outcomes.append(ItemOutcome(item.id, item.type, score(item.type, prediction, item.text), prediction,
                                     result.stats.committed_tokens, result.stats.forward_passes,
                                     list(result.stats.accepted_per_round), dict(result.stats.drafted_tokens)))

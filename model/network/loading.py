@@ -1,4 +1,5 @@
-"""Save and load a recogniser (weights, tokenizer, image processor) in Hugging Face format.
+"""Save and load a recogniser (weights, tokenizer, image processor, and the lexicon of its
+glyph fixes where it has one) in Hugging Face format.
 
 A local directory and a hub name load the same way; a GLM-OCR checkpoint (no mask
 embedding yet) loads too, with the mask embedding freshly initialised.
@@ -12,6 +13,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, Glm46VImageProcessorPil
 
+from gravityocr.model.network.glyph_fixes import LEXICON_FILE, Lexicon
 from gravityocr.model.network.modeling import GravityOcrForConditionalGeneration
 from gravityocr.model.network.processor import CHAR_TEMPLATE, GLM_OCR_TEMPLATE, OcrProcessor
 from gravityocr.model.network.strip_vision import PROCESSOR_TYPE as STRIP_PROCESSOR_TYPE
@@ -26,6 +28,7 @@ DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[1] / "default"
 class Recognizer:
     model: GravityOcrForConditionalGeneration
     processor: OcrProcessor
+    lexicon: Lexicon | None = None  # the training documents' words (model/network/glyph_fixes.py)
 
 
 def _template_for(tokenizer) -> str:
@@ -58,7 +61,15 @@ def load_recognizer(path_or_name: str | Path, dtype: torch.dtype = torch.float32
     processor = OcrProcessor(tokenizer, image_processor, _template_for(tokenizer),
                              max_context=model.config.text_config.max_position_embeddings,
                              reading_placeholder_id=reading_placeholder_id(model.config))
-    return Recognizer(model, processor)
+    return Recognizer(model, processor, load_lexicon(source))
+
+
+def load_lexicon(source: str) -> Lexicon | None:
+    """The lexicon saved beside the weights (a local directory or a hub repository), or None."""
+    from transformers.utils import cached_file
+
+    path = cached_file(source, LEXICON_FILE, _raise_exceptions_for_missing_entries=False)
+    return Lexicon.read(path) if path else None
 
 
 def save_recognizer(recognizer: Recognizer, directory: str | Path) -> None:
@@ -67,6 +78,8 @@ def save_recognizer(recognizer: Recognizer, directory: str | Path) -> None:
     recognizer.model.save_pretrained(directory)
     recognizer.processor.tokenizer.save_pretrained(directory)
     recognizer.processor.image_processor.save_pretrained(directory)
+    if recognizer.lexicon is not None:
+        recognizer.lexicon.write(directory / LEXICON_FILE)
 
 
 def export_weights(checkpoint: str | Path, destination: str | Path, dtype: torch.dtype = torch.float16) -> None:
