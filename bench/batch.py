@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from gravityocr.model.decode.settings import DecodeSettings
-from gravityocr.bench import synthetic_pages
+from gravityocr.corpus import synthetic_pages
 from gravityocr.pipelines.batch_job import BatchJobConfig, run_batch_job
 
 

@@ -30,8 +30,9 @@ import numpy as np
 import torch
 from PIL import Image
 
+from gravityocr.model.decode.draft_rules import DraftRules
 from gravityocr.model.decode.settings import DecodeSettings, add_decode_arguments, decode_settings_from_args
-from gravityocr.model.engine import Engine, Request, RequestResult
+from gravityocr.model.engine import Engine, EngineConfig, Request, RequestResult
 from gravityocr.model.network.processor import EncodedPrompt
 
 TASK_OF_TYPE = {"text": "text", "table": "table", "formula": "formula", "page": "text"}
@@ -118,8 +119,8 @@ def run_mode(model, eos_ids, items: list[BenchItem], count: int, max_new_tokens:
     time, so it cannot show what extra threads buy."""
     requests = [Request(f"{i}", items[i % len(items)].prompt, max_new_tokens) for i in range(count)]
     longest = max(r.prompt.length for r in requests) + max_new_tokens
-    config = decode.engine_config(device=str(model.device), dtype=model.dtype, threads=threads,
-                                  max_batch_size=batch_size, max_seq_len=longest)
+    config = EngineConfig.from_decode(decode, device=str(model.device), dtype=model.dtype, threads=threads,
+                                      max_batch_size=batch_size, max_seq_len=longest)
     config = dataclasses.replace(config, **(engine_variant or {}))
     engine = Engine(model, config, eos_ids, draft_rules=draft_rules)
     results = engine.generate(requests)
@@ -291,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     groups = {"all": items}
     for item in items:
         groups.setdefault(item.type, []).append(item)
-    draft_rules = None if args.no_structured_drafts else processor.draft_rules
+    draft_rules = None if args.no_structured_drafts else DraftRules.of(processor.tokenizer)
     rows = [compare(model, eos_ids, group, batch_size, type_name, args, draft_rules)
             for batch_size in batch_sizes for type_name, group in groups.items()
             if not (type_name != "all" and len(groups) == 2)]  # one type only: "all" says it

@@ -33,7 +33,7 @@ from PIL import Image
 
 from gravityocr.pipelines.layout import LAYOUT_BACKENDS, LINE_SPLITTERS, layout_page, make_layout, make_line_splitter
 from gravityocr.pipelines.page_ocr import PageOcrConfig
-from gravityocr.bench.synthetic_pages import sample_pages
+from gravityocr.corpus.synthetic_pages import sample_pages
 from gravityocr.model.evaluation.scores import page_similarity, page_text
 
 # Born-digital PDFs with a text layer that Debian installs with common packages.

@@ -30,7 +30,7 @@ from typing import Callable, Iterator, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from gravityocr.model.evaluation.manifest import png_bytes
+from gravityocr.pipelines.documents import png_bytes
 
 from gravityocr.corpus.augment import scan_like
 from gravityocr.corpus import lexicon

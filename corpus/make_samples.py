@@ -14,7 +14,7 @@ from pathlib import Path
 import matplotlib
 from PIL import Image, ImageDraw, ImageFont
 
-from gravityocr.bench import synthetic_pages
+from gravityocr.corpus import synthetic_pages
 
 HERE = Path(__file__).resolve().parent.parent / "samples"
 NOTICE_LINES = ["Opening hours", "Mon 9 to 17", "Tue 9 to 17", "Wed closed", "Thu 9 to 20", "Fri 9 to 15",

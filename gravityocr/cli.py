@@ -20,7 +20,7 @@ COMMANDS = {
     "train-strips": ("gravityocr.model.training.strips",
                      "train the default reader (PP-OCRv6 strips under the text decoder) on a corpus build"),
     "grpo": ("gravityocr.model.training.grpo", "GRPO on the AR path with OCR rewards, from trained weights"),
-    "eval": ("gravityocr.pipelines.evaluation", "score a recogniser on an evaluation set: crops, and pages through the page pipeline"),
+    "eval": ("gravityocr.model.evaluation.eval_command", "score a recogniser on an evaluation set: crops, and pages through the page pipeline"),
     "data": ("gravityocr.corpus.build",
              "build training shards or a real evaluation set from Debian documentation packages"),
     "average": ("gravityocr.model.training.averaging", "average the weights of recognisers trained from the same start"),
@@ -30,7 +30,10 @@ BENCHMARKS = {
     "ablation": ("gravityocr.bench.ablation", "joint vs AR-only vs no-AR training at a matched budget, held-out scores"),
     "decode": ("gravityocr.bench.decode", "AR vs self-speculative decode speed by batch size and content type"),
     "real": ("gravityocr.bench.real", "ours vs rapidocr vs tesseract on data/real: line and page scores, speed"),
-    "pages": ("gravityocr.bench.pages", "seconds per page and page score: ours (AR, spec) and peers"),
+    "pages": ("gravityocr.bench.pages", "seconds per page and page score: ours (AR, spec), peers, and ours through "
+                                        "ocr, batch and serve"),
+    "layering": ("gravityocr.bench.layering", "imports that run against the layering (network <- decode <- engine "
+                                              "<- recognizer <- pipelines <- serve)"),
     "samples": ("gravityocr.bench.samples", "page score and seconds per bundled sample with a true text (samples/*.md)"),
     "batch": ("gravityocr.bench.batch", "batch job pages/s for 1 and 2 engine actors, AR vs spec, peak memory"),
     "lanes": ("gravityocr.bench.lanes", "online latency alone and beside a batch job through Serve; job pages/s "

@@ -24,7 +24,8 @@ from urllib.parse import quote
 
 from PIL import Image
 
-from gravityocr.pipelines.layout import Box
+from gravityocr.pipelines.regions import Box
+from gravityocr.pipelines.documents import png_bytes
 
 SCHEMA_VERSION = "1.0"
 SOFT_HYPHEN = "\u00ad"
@@ -195,8 +196,6 @@ def figure_crops(pages: list[PageResult]) -> list[tuple[str, Image.Image]]:
 
 def figure_png(image: Image.Image) -> bytes:
     """A figure's file: one PNG writer for every entry point."""
-    from gravityocr.model.evaluation.manifest import png_bytes
-
     return png_bytes(image)
 
 

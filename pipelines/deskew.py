@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image
 
-from gravityocr.pipelines.layout import paper_colour
+from gravityocr.pipelines.regions import paper_colour
 
 MAX_DEGREES = 5.0  # scanners and phone photos of a page held straight skew less than this
 COARSE_STEP, FINE_STEP = 0.5, 0.1  # degrees

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from gravityocr.pipelines.layout import Box, PageStats, ProjectionLayout, ProjectionLines, Region, _is_rule, _runs, \
-    _trim
+from gravityocr.pipelines.line_splitters import ProjectionLines
+from gravityocr.pipelines.projection_layout import ProjectionLayout
+from gravityocr.pipelines.regions import Box, PageStats, Region, is_rule, runs, trim
 
 GLYPH = 1.5  # a component no taller than this many line heights is a glyph (or glyphs joined along a line)
 TEXT_SHARE = 0.8  # a figure whose non-rule ink is at least this share glyphs holds text
@@ -40,7 +41,7 @@ def _kinds(stats: np.ndarray, line_height: float) -> tuple[np.ndarray, np.ndarra
     thin, long, solid line across or down) and whether it is a glyph (no taller than GLYPH
     line heights, and narrow or not solid: a word's letters, not a filled bar)."""
     width, height, area = stats[:, 2], stats[:, 3], stats[:, 4]
-    rule = np.array([_is_rule(w, h, a, line_height) or _is_rule(h, w, a, line_height)
+    rule = np.array([is_rule(w, h, a, line_height) or is_rule(h, w, a, line_height)
                      for w, h, a in zip(width.tolist(), height.tolist(), area.tolist())])
     glyph = (height <= GLYPH * line_height) & ((width <= GLYPH * line_height) | (area <= 0.6 * width * height))
     rule[0] = glyph[0] = False  # the background
@@ -71,10 +72,10 @@ def _relayout(image, mask: np.ndarray, box: Box, stats: PageStats) -> list[Regio
     rest = np.zeros_like(mask)
     rest[y0:y1, x0:x1] = mask[y0:y1, x0:x1]
     regions = []
-    for a, b in _runs(rest[y0:y1, x0:x1].any(axis=1), 1):
+    for a, b in runs(rest[y0:y1, x0:x1].any(axis=1), 1):
         if b - a > GLYPH * stats.line_height:
-            band = _trim(rest, (x0, y0 + a, x1, y0 + b))
-            kind = projection._shape_type(mask, band, stats)
+            band = trim(rest, (x0, y0 + a, x1, y0 + b))
+            kind = projection.shape_type(mask, band, stats)
             regions.append(Region(band, kind))
             rest[band[1]:band[3], band[0]:band[2]] = False
     if rest.any():

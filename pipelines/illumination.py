@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from gravityocr.pipelines.layout import ink_mask
+from gravityocr.pipelines.regions import ink_mask
 
 WORKING_SIDE = 512  # pixels on the longer side of the reduced copy the paper is estimated on
 CLOSING = 1 / 40  # the closing's width as a share of the page's longer side: wider than a text line

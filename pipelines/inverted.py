@@ -16,7 +16,7 @@ import numpy as np
 from PIL import Image
 
 from gravityocr.pipelines.figures import holds_text
-from gravityocr.pipelines.layout import Box, PageStats
+from gravityocr.pipelines.regions import Box, PageStats
 
 SOLID = 0.6  # a component whose ink fills this share of its box is a dark area (a stroke fills far less)
 MOST_LIGHT = 0.5  # its holes are text when they fill at most this share of it (words on a ground)

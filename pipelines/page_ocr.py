@@ -26,8 +26,10 @@ from gravityocr.pipelines.deskew import straighten
 from gravityocr.pipelines.documents import DocumentError, DocumentLimits, Page, open_document, read_file
 from gravityocr.pipelines.illumination import normalise
 from gravityocr.pipelines.inverted import light_on_dark
-from gravityocr.pipelines.layout import TEXT_TYPES, Box, LayoutBackend, LineSplitter, NoLines, PageStats, Region, \
-    ink_mask, layout_page, make_layout, make_line_splitter, marks_only, paper_colour
+from gravityocr.pipelines.layout import layout_page, make_layout, make_line_splitter
+from gravityocr.pipelines.line_splitters import NoLines
+from gravityocr.pipelines.regions import TEXT_TYPES, Box, LayoutBackend, LineSplitter, PageStats, Region, ink_mask, \
+    marks_only, paper_colour
 from gravityocr.pipelines.tables import TableGrid, table_grid, table_html
 
 if TYPE_CHECKING:  # torch loads with the recogniser, not with the settings (the CLIs' defaults are read here)
@@ -331,16 +333,31 @@ class PageOcr:
     def read_pages(self, pages: list[Page], submit: Submit | None = None,
                    regions: list[list[Region]] | None = None,
                    on_page: Callable[[PageResult], None] | None = None) -> list[PageResult]:
-        """Layout of every page, then all their crops to the recogniser at once. `submit`:
-        where the crops' engine requests go (default: the recogniser's own loop);
-        `regions`: each page's regions, when the caller knows them (`PagePlanner.plan`);
-        `on_page` sees each page, in order, as soon as its own crops are read (the others'
-        may still be decoding)."""
-        plans = [self.planner.plan(page, regions[n] if regions else None) for n, page in enumerate(pages)]
-        crops = [crop for plan in plans for crop in plan.crops]
-        start = time.perf_counter()
+        """Layout of each page, its crops handed to the recogniser as soon as it is laid out,
+        so the engine reads one page while the next is laid out. `submit`: where the crops'
+        engine requests go (default: the recogniser's own loop); `regions`: each page's
+        regions, when the caller knows them (`PagePlanner.plan`); `on_page` sees each page,
+        in order, as soon as its own crops are read (the others' may still be decoding)."""
+        plans, futures, start = [], [], None
+        for n, page in enumerate(pages):
+            plans.append(self.planner.plan(page, regions[n] if regions else None))
+            start = start or time.perf_counter()
+            futures.append(self._submit(plans[-1].crops, submit))
+        results, read = [], 0
+        for plan, mine in zip(plans, futures):
+            crops = [future.result() for future in mine]
+            read += len(crops)
+            # the pages' time so far, shared by the crops read so far
+            share = (time.perf_counter() - start) * len(crops) / max(1, read)
+            results.append(self.planner.fill(plan, crops, share))
+            if on_page:
+                on_page(results[-1])
+        return results
+
+    def _submit(self, crops: list, submit: Submit | None) -> list:
+        """The crops' futures; a recogniser that fails them all at once fails only them."""
         try:
-            futures = self.recognizer.submit([(crop.image, crop.task) for crop in crops], submit)
+            return self.recognizer.submit([(crop.image, crop.task) for crop in crops], submit)
         except Exception as error:  # noqa: BLE001 - one broken batch must not end the run
             from concurrent.futures import Future
 
@@ -350,16 +367,7 @@ class PageOcr:
             futures = [Future() for _ in crops]
             for future in futures:
                 future.set_result(CropResult("", error=f"recogniser failed: {type(error).__name__}: {error}"))
-        results, offset = [], 0
-        for plan in plans:
-            mine = [future.result() for future in futures[offset:offset + len(plan.crops)]]
-            offset += len(plan.crops)
-            # the batch's time so far, shared by the crops read so far
-            share = (time.perf_counter() - start) * len(mine) / max(1, offset)
-            results.append(self.planner.fill(plan, mine, share))
-            if on_page:
-                on_page(results[-1])
-        return results
+            return futures
 
 
 def ink_glyphs(image: Image.Image, pictures: list[Box]) -> int:

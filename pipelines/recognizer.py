@@ -31,10 +31,12 @@ from gravityocr.model.decode.reference import DecodeStats, greedy_decode, specul
 from gravityocr.model.network.loading import Recognizer, load_recognizer
 from gravityocr.model.network.processor import TASK_PROMPTS, EncodedPrompt, InvalidInput
 from gravityocr.model.decode.crop_text import crop_text
+from gravityocr.model.decode.draft_rules import DraftRules
+from gravityocr.model.engine.config import EngineConfig
 from gravityocr.model.engine.threads import engine_threads
 
 if TYPE_CHECKING:
-    from gravityocr.model.engine import EngineConfig, Request
+    from gravityocr.model.engine import Request
     from gravityocr.model.engine.loop import EngineLoop
 
 DECODERS = ("engine", "reference")
@@ -101,6 +103,8 @@ class CropRecognizer:
         """`on_step(stats, finished)` is called on the engine's thread after every step (metrics)."""
         self.recognizer = recognizer
         self.config = config or RecognizerConfig()
+        # a formula's drafts kept to LaTeX's command names, where the tokenizer spells them
+        self.draft_rules = DraftRules.of(recognizer.processor.tokenizer)
         self._on_step = on_step
         self._loop: EngineLoop | None = None
         self._loop_lock = threading.Lock()  # callers on several threads start one loop
@@ -122,10 +126,9 @@ class CropRecognizer:
         and the process's engine threads (model/engine/threads.py), the config's batch and
         slot sizes."""
         model = self.recognizer.model
-        return self.config.decode.engine_config(device=str(model.device), dtype=model.dtype,
-                                                threads=engine_threads(),
-                                                max_batch_size=self.config.max_batch_size,
-                                                max_seq_len=self.max_seq_len)
+        return EngineConfig.from_decode(self.config.decode, device=str(model.device), dtype=model.dtype,
+                                        threads=engine_threads(), max_batch_size=self.config.max_batch_size,
+                                        max_seq_len=self.max_seq_len)
 
     @property
     def loop(self) -> EngineLoop:
@@ -139,7 +142,7 @@ class CropRecognizer:
 
         model, processor, config = self.recognizer.model, self.recognizer.processor, self.engine_config
         self._loop = EngineLoop(lambda: Engine(model, config, processor.eos_token_ids,
-                                               draft_rules=processor.draft_rules), on_step=self._on_step)
+                                               draft_rules=self.draft_rules), on_step=self._on_step)
         weakref.finalize(self, self._loop.stop)  # a recogniser dropped unclosed stops its thread too
         return self._loop
 
@@ -229,7 +232,7 @@ class CropRecognizer:
         try:
             if decode.mode == "spec":
                 decoded = speculative_decode(model, prompt, budget, eos, decode.block_size,
-                                             draft_rules=processor.draft_rules)
+                                             draft_rules=self.draft_rules)
             else:
                 decoded = greedy_decode(model, prompt, budget, eos)
         except ValueError as error:

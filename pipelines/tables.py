@@ -26,7 +26,7 @@ from html import escape
 
 import numpy as np
 
-from gravityocr.pipelines.layout import Box, _runs, _trim
+from gravityocr.pipelines.regions import Box, runs, trim
 
 # A blank stretch between columns is at least this many letter heights wide (wider than a
 # monospace font's word space), and may be crossed by phrases in at most this share of the
@@ -127,11 +127,11 @@ def _rule_positions(rules: np.ndarray, axis: int, reach: float) -> list[int]:
     """Centres of the rules that run across at least `reach` of the table (axis 1: rows of
     horizontal rules; axis 0: columns of vertical rules)."""
     lines = rules.sum(axis=axis) >= reach * rules.shape[axis]
-    return [(start + end) // 2 for start, end in _runs(lines, 2)]
+    return [(start + end) // 2 for start, end in runs(lines, 2)]
 
 
 def _bands(text: np.ndarray) -> list[tuple[int, int]]:
-    return _runs(text.any(axis=1), 1)
+    return runs(text.any(axis=1), 1)
 
 
 def _rows(bands: list[tuple[int, int]], filled: list[set[int]], columns: int, letter: float,
@@ -190,7 +190,7 @@ def _smaller_kind(gaps: list[int]) -> int | None:
 
 def _segments(text: np.ndarray, y0: int, y1: int, letter: float) -> list[tuple[int, int]]:
     """Horizontal stretches of one row's ink, words joined (blanks under COLUMN_GAP letters)."""
-    return _runs(text[y0:y1].any(axis=0), max(1, int(COLUMN_GAP * letter)))
+    return runs(text[y0:y1].any(axis=0), max(1, int(COLUMN_GAP * letter)))
 
 
 def _column_gaps(bands_segments: list[list[tuple[int, int]]], width: int, letter: float) -> list[tuple[int, int]]:
@@ -205,7 +205,7 @@ def _column_gaps(bands_segments: list[list[tuple[int, int]]], width: int, letter
     columns = np.flatnonzero(ink)
     if columns.size == 0:
         return []
-    return [(start, end) for start, end in _runs(~ink, 1)
+    return [(start, end) for start, end in runs(~ink, 1)
             if start > columns[0] and end <= columns[-1] and end - start >= COLUMN_GAP * letter]
 
 
@@ -282,7 +282,7 @@ def _phrases(text: np.ndarray, top: int, bottom: int, letter: float,
              gaps: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """A row's ink as phrases: words joined unless the blank between them is a column gap's
     width or lies in one of the table's column gaps."""
-    words = _runs(text[top:bottom].any(axis=0), max(1, int(WORD_GAP * letter)))
+    words = runs(text[top:bottom].any(axis=0), max(1, int(WORD_GAP * letter)))
     phrases = [list(words[0])] if words else []
     for start, end in words[1:]:
         blank = (phrases[-1][1], start)
@@ -303,7 +303,7 @@ def _boundary(gap: tuple[int, int], bands_segments: list[list[tuple[int, int]]])
     for segments in bands_segments:
         for a, b in segments:
             crossed[max(a, start) - start:max(min(b, end) - start, 0)] = True
-    free = _runs(~crossed, 1)
+    free = runs(~crossed, 1)
     if not free:
         return (start + end) // 2
     a, b = max(free, key=lambda run: run[1] - run[0])
@@ -332,7 +332,7 @@ def _cell_lines(text: np.ndarray, box: Box, x0: int, y0: int, letter: float) -> 
     letter high (the dots of an "i", an accent) joins the nearer line; a solid block of ink
     (a filled box, a badge's background) is not a line of text and is left out."""
     left, top, right, bottom = box
-    bands = [list(band) for band in _runs(text[top:bottom, left:right].any(axis=1), 1)]
+    bands = [list(band) for band in runs(text[top:bottom, left:right].any(axis=1), 1)]
     lines = [band for band in bands if band[1] - band[0] >= 0.3 * letter] or bands
     for band in bands:
         if band not in lines and lines:
@@ -340,7 +340,7 @@ def _cell_lines(text: np.ndarray, box: Box, x0: int, y0: int, letter: float) -> 
             nearest[0], nearest[1] = min(nearest[0], band[0]), max(nearest[1], band[1])
     boxes = []
     for a, b in lines:
-        trimmed = _trim(text, (left, top + a, right, top + b))
+        trimmed = trim(text, (left, top + a, right, top + b))
         if trimmed is None:
             continue
         tx0, ty0, tx1, ty1 = trimmed

@@ -22,46 +22,29 @@ Serve's autoscaling counts the job's pages as ongoing requests beside the online
 # No `from __future__ import annotations` here: FastAPI resolves the endpoint signatures
 # (`request: Request`) at runtime, and strings would break the OpenAPI schema.
 import asyncio
-import base64
-import binascii
 import hmac
 import time
-import uuid
-from concurrent.futures import CancelledError
-from typing import TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ValidationError
 import ray
 from ray import serve
 
 from gravityocr import metrics
 from gravityocr.model.engine.loop import BATCH, ONLINE
 from gravityocr.serve import schemas
+from gravityocr.serve.schemas import HTTPProblem
 from gravityocr.serve.chat_stream import ChatStream, error_event
-from gravityocr.serve.engine_requests import EngineRequests, RequestAbandoned
+from gravityocr.serve.engine_requests import EngineRequests
+from gravityocr.serve.chat_work import ChatWork
+from gravityocr.serve.ocr_work import OcrWork
 from gravityocr.serve.settings import ServeSettings
-from gravityocr.serve.table_answer import closed_table
 
 OCR_ROUTE = "/v1/ocr"
 CHAT_ROUTE = "/v1/chat/completions"
 
 
-class HTTPProblem(Exception):
-    """An error answer: status code, message, optional headers."""
-
-    def __init__(self, status: int, message: str, headers: dict | None = None):
-        super().__init__(message)
-        self.status, self.message, self.headers = status, message, headers or {}
-
-
-DOCUMENT_ERROR_STATUS = {
-    "empty_file": 400, "unsupported_format": 415, "corrupt": 422, "encrypted": 422, "no_pages": 422,
-    "too_large": 413, "unreadable": 422,
-}
 CLIENT_CLOSED_REQUEST = 499  # logged for a request whose client went away (nginx's convention)
-Body = TypeVar("Body", bound=BaseModel)  # a request body's schema (serve/schemas.py)
 
 app = FastAPI(title="GravityOCR", version="0.1.0",
               description="OCR with exact self-speculative decoding: documents to markdown and JSON.")
@@ -98,230 +81,6 @@ class _EngineStepMetrics:
         for result in finished[ONLINE]:
             metrics.record_decode(metrics.WORKLOAD_ONLINE, result.task, result.stats.committed_tokens,
                                   result.stats.forward_passes, result.stats.accepted_per_round, result.stats.ar_rounds)
-
-
-# What raises each size limit, named in its 413 (the settings are the Serve config's `args`).
-UPLOAD_SETTING = "serve setting max_upload_bytes"
-JSON_BODY_SETTING = "serve setting max_upload_bytes, plus a third for base64"
-PAGES_SETTING = "serve setting max_pages"
-
-
-def _too_large(what: str, amount: int | str, limit: int, unit: str, setting: str) -> HTTPProblem:
-    """A 413 worded as every size limit is (`pipelines.documents.limit_message`)."""
-    from gravityocr.pipelines.documents import limit_message
-
-    return HTTPProblem(413, limit_message(what, amount, limit, unit, setting))
-
-
-async def _read_body(request: Request, limit: int, setting: str) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise _too_large("the request body", int(declared), limit, "byte", setting)
-    body = bytearray()
-    async for chunk in request.stream():
-        body.extend(chunk)
-        if len(body) > limit:
-            raise _too_large("the request body", f"at least {len(body)}", limit, "byte", setting)
-    return bytes(body)
-
-
-def _parse_body(model: type[Body], body: bytes, what: str) -> Body:
-    """`body` as a `model`, or an HTTPProblem in the API's error shape: 400 for a body that is
-    not JSON at all, 422 for JSON that is not a valid `what`, its message naming each wrong
-    field and never echoing the input (pydantic's own text repeats the body and links its docs)."""
-    try:
-        return model.model_validate_json(body)
-    except ValidationError as error:
-        errors = error.errors(include_url=False, include_input=False)
-        syntax = [e for e in errors if e["type"] == "json_invalid"]
-        if syntax:
-            raise HTTPProblem(400, "the request body is not valid JSON: "
-                                   + syntax[0]["msg"].removeprefix("Invalid JSON: ")) from None
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg'].removeprefix('Value error, ')}"
-                             for e in errors)
-        raise HTTPProblem(422, f"invalid {what}: {problems}") from None
-
-
-class _OcrWork:
-    """POST /v1/ocr: a whole document through layout and the shared engine."""
-
-    def __init__(self, service: "OcrService"):
-        self.service = service
-
-    async def prepare(self, request: Request):
-        """Read and check the upload on the event loop: size, content type, format and page
-        count are refused here, before any rendering."""
-        from gravityocr.pipelines.documents import DocumentError, open_document
-
-        name, data = await self._upload(request)
-        settings = self.service.settings
-        try:
-            document = open_document(name, data, settings.dpi)
-        except DocumentError as error:
-            raise HTTPProblem(DOCUMENT_ERROR_STATUS.get(error.reason, 422), f"{error.reason}: {error.message}") from None
-        if document.page_count > settings.max_pages:
-            raise _too_large("the document", document.page_count, settings.max_pages, "page", PAGES_SETTING)
-        return name, document
-
-    async def _upload(self, request: Request) -> tuple[str, bytes]:
-        settings = self.service.settings
-        content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        if content_type == "multipart/form-data":
-            declared = request.headers.get("content-length") or "0"
-            if declared.isdigit() and int(declared) > settings.max_upload_bytes + 64 * 1024:  # room for the form
-                raise _too_large("the upload", int(declared), settings.max_upload_bytes, "byte", UPLOAD_SETTING)
-            form = await request.form(max_files=1, max_fields=8, max_part_size=settings.max_upload_bytes)
-            upload = form.get("file")
-            if upload is None or isinstance(upload, str):
-                raise HTTPProblem(422, "multipart requests need the document in a file field named 'file'")
-            data = await upload.read()
-            if len(data) > settings.max_upload_bytes:
-                raise _too_large("the upload", len(data), settings.max_upload_bytes, "byte", UPLOAD_SETTING)
-            return upload.filename or "upload", data
-        if content_type == "application/json":
-            body = await _read_body(request, settings.max_upload_bytes * 4 // 3 + 4096, JSON_BODY_SETTING)
-            parsed = _parse_body(schemas.OcrJsonRequest, body, "OCR request")
-            if parsed.uri:
-                return parsed.uri, await asyncio.to_thread(_read_allowed_s3, parsed.uri, settings)
-            try:
-                data = base64.b64decode(parsed.document or "", validate=True)
-            except (binascii.Error, ValueError):
-                raise HTTPProblem(400, "'document' is not valid base64") from None
-            if len(data) > settings.max_upload_bytes:
-                raise _too_large("the document", len(data), settings.max_upload_bytes, "byte", UPLOAD_SETTING)
-            return parsed.filename or "document", data
-        raise HTTPProblem(415, f"unsupported content type {content_type or '(none)'!r}; send multipart/form-data "
-                               "with a 'file' field or application/json")
-
-    def run(self, prepared, engine_requests: EngineRequests) -> dict:
-        """The document's markdown and JSON from the functions `gravityocr ocr` and the batch
-        job use: `document_markdown`, its pages' pieces `page_markdowns` (the document's first
-        title `#` on whichever page it is), `document_json`. There is no output folder, so
-        figures are left out of the markdown (their boxes are in the JSON)."""
-        from gravityocr.pipelines.assembly import document_json, document_markdown, page_markdowns
-        from gravityocr.pipelines.documents import DocumentError
-
-        name, document = prepared
-        try:
-            pages = list(document.pages())
-        except DocumentError as error:
-            raise HTTPProblem(DOCUMENT_ERROR_STATUS.get(error.reason, 422), f"{error.reason}: {error.message}") from None
-        results = self.service.pages.read_pages(pages, submit=engine_requests.submit_all)
-        metrics.record_lane_page(ONLINE, len(results))
-        stats = [region.stats for page in results for region in page.regions if region.stats]
-        committed = sum(s["committed_tokens"] for s in stats)
-        passes = sum(s["forward_passes"] for s in stats)
-        record = document_json(name, results, None, document.format)
-        return {
-            "document_id": name,
-            "page_count": len(results),
-            "markdown": document_markdown(results, figure_prefix=None),
-            "pages": [{"page_number": page.page_number, "markdown": markdown, "result": result}
-                      for page, markdown, result in zip(results, page_markdowns(results, figure_prefix=None),
-                                                        record["pages"])],
-            "document": record,
-            "stats": {"committed_tokens": int(committed), "forward_passes": int(passes),
-                      "tokens_per_forward": committed / passes if passes else 0.0},
-        }
-
-
-def _read_allowed_s3(uri: str, settings: ServeSettings) -> bytes:
-    """Only s3:// objects in allow-listed buckets: a request can never make the server read
-    a local file or fetch an arbitrary URL."""
-    from gravityocr.pipelines.storage import read_bytes, resolve
-
-    if not uri.startswith("s3://"):
-        raise HTTPProblem(400, "only s3:// URIs are accepted as 'uri'")
-    bucket, _, key = uri[len("s3://"):].partition("/")
-    if bucket not in settings.allowed_buckets:
-        raise HTTPProblem(403, f"bucket {bucket!r} is not in the server's allow-list")
-    if not key or key.endswith("/"):
-        raise HTTPProblem(400, f"{uri!r} names no object")
-    location = resolve(f"s3://{bucket}", settings.s3_endpoint_url)
-    try:
-        return read_bytes(location, key)
-    except FileNotFoundError:
-        raise HTTPProblem(404, f"{uri} does not exist") from None
-    except OSError as error:
-        message = str(error)
-        if "NoSuchKey" in message or "Path does not exist" in message or "not found" in message.lower():
-            raise HTTPProblem(404, f"{uri} does not exist") from None
-        raise HTTPProblem(502, f"could not read {uri}: {message}") from None
-
-
-class _ChatWork:
-    """POST /v1/chat/completions: one image + a task prompt, read whole by the engine."""
-
-    def __init__(self, service: "OcrService"):
-        self.service = service
-        self.event_loop: asyncio.AbstractEventLoop | None = None
-
-    async def prepare(self, request: Request) -> schemas.ChatCompletionRequest:
-        self.event_loop = asyncio.get_running_loop()  # a stream's tokens are handed to it
-        content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        if content_type != "application/json":
-            raise HTTPProblem(415, "chat completions take application/json")
-        body = await _read_body(request, self.service.settings.max_upload_bytes * 4 // 3 + 65536, JSON_BODY_SETTING)
-        return _parse_body(schemas.ChatCompletionRequest, body, "chat completion request")
-
-    def run(self, chat: schemas.ChatCompletionRequest, engine_requests: EngineRequests) -> dict | ChatStream:
-        from gravityocr.model.engine import Request as EngineRequest
-        from gravityocr.model.network.processor import InvalidInput
-        from gravityocr.pipelines.documents import DocumentError, open_document
-
-        image_url, prompt_text = chat.image_and_prompt()
-        if not image_url.startswith("data:"):
-            raise HTTPProblem(400, "images must be data: URLs; the server fetches nothing")
-        header, _, payload = image_url.partition(",")
-        if ";base64" not in header:
-            raise HTTPProblem(400, "data: URLs must be base64-encoded")
-        try:
-            data = base64.b64decode(payload, validate=True)
-        except (binascii.Error, ValueError):
-            raise HTTPProblem(400, "the image data: URL is not valid base64") from None
-        try:
-            page = next(iter(open_document("image", data, self.service.settings.dpi).pages()))
-        except DocumentError as error:
-            raise HTTPProblem(DOCUMENT_ERROR_STATUS.get(error.reason, 422), f"{error.reason}: {error.message}") from None
-        task = schemas.task_for_prompt(prompt_text)
-        processor = self.service.recognizer.processor
-        try:
-            prompt = processor.encode(page.image, task)
-        except InvalidInput as error:
-            raise HTTPProblem(422, str(error)) from None
-        limit = min(chat.max_tokens or self.service.settings.max_new_tokens, self.service.settings.max_new_tokens)
-        try:  # the engine would refuse it too, but on its thread: after a stream had answered 200
-            self.service.engine_config.check_fits("chat", prompt.length, limit)
-        except InvalidInput as error:
-            raise HTTPProblem(413, str(error)) from None
-        completion_id, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), chat.model or "gravityocr"
-        if chat.stream:
-            return ChatStream.submit(engine_requests, EngineRequest("chat", prompt, limit), self.event_loop,
-                                     completion_id=completion_id, created=created, model=model,
-                                     prompt_tokens=prompt.length, task=task,
-                                     include_usage=bool((chat.stream_options or {}).get("include_usage")))
-        try:
-            result = engine_requests.submit(EngineRequest("chat", prompt, limit)).result()
-        except InvalidInput as error:
-            raise HTTPProblem(413, str(error)) from None
-        except (RequestAbandoned, CancelledError):  # nobody reads this answer any more
-            raise HTTPProblem(504, "the request was abandoned") from None
-        text = processor.decode(result.token_ids)
-        if task == "table":  # one table an HTML parser reads, even when cut at the budget
-            text = closed_table(text)
-        return {
-            "id": completion_id,
-            "object": "chat.completion",
-            "created": created,
-            "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "finish_reason": "stop" if result.finish_reason == "eos" else "length"}],
-            "usage": {"prompt_tokens": prompt.length, "completion_tokens": len(result.token_ids),
-                      "total_tokens": prompt.length + len(result.token_ids)},
-            "gravityocr": {"tokens_per_forward": result.stats.tokens_per_forward,
-                           "accepted_per_round": list(result.stats.accepted_per_round), "task": task,
-                           "stop_reason": result.finish_reason},  # eos, repetition or length (model/decode/stopping.py)
-        }
 
 
 @serve.deployment(name="OcrService")
@@ -501,12 +260,12 @@ class OcrService:
 
     @app.post(OCR_ROUTE, response_model=schemas.OcrResponse)
     async def ocr(self, request: Request):
-        return await self._guarded(OCR_ROUTE, request, _OcrWork(self))
+        return await self._guarded(OCR_ROUTE, request, OcrWork(self))
 
     @app.post(CHAT_ROUTE, response_model=schemas.ChatCompletionResponse, responses={200: {"content": {
         "text/event-stream": {"description": "with `stream: true`: chat.completion.chunk events, then [DONE]"}}}})
     async def chat_completions(self, request: Request):
-        return await self._guarded(CHAT_ROUTE, request, _ChatWork(self))
+        return await self._guarded(CHAT_ROUTE, request, ChatWork(self))
 
     @app.get("/v1/engine/stats")
     async def engine_stats(self) -> dict:

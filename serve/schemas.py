@@ -1,10 +1,19 @@
-"""HTTP request and response bodies (published in the OpenAPI schema at /openapi.json)."""
+"""HTTP request and response bodies (published in the OpenAPI schema at /openapi.json), and the
+error answer every route gives in one problem format."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class HTTPProblem(Exception):
+    """An error answer: status code, message, optional headers."""
+
+    def __init__(self, status: int, message: str, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.headers = status, message, headers or {}
 
 
 class OcrJsonRequest(BaseModel):
@@ -81,8 +90,6 @@ class ChatCompletionRequest(BaseModel):
 
     def image_and_prompt(self) -> tuple[str, str]:
         """The one image (a URL) and the text of the last user message."""
-        from gravityocr.serve.app import HTTPProblem
-
         users = [m for m in self.messages if m.role == "user"]
         if not users or isinstance(users[-1].content, str):
             raise HTTPProblem(422, "the last user message must hold an image_url part")

@@ -19,7 +19,7 @@ from gravityocr.model.network.loading import Recognizer, save_recognizer
 from gravityocr.model.network.modeling import GravityOcrForConditionalGeneration
 from gravityocr.model.network.processor import OcrProcessor, make_image_processor
 from gravityocr.model.network.tokenizer import build_char_tokenizer
-from gravityocr.bench.synthetic_pages import (
+from gravityocr.corpus.synthetic_pages import (
     pdf_bytes,
     single_column_page,
     table_formula_page,

@@ -20,7 +20,7 @@ from PIL import Image
 
 from gravityocr.model.decode.settings import DecodeSettings
 from gravityocr.model.network.loading import Recognizer, save_recognizer
-from gravityocr.bench import synthetic_pages
+from gravityocr.corpus import synthetic_pages
 from gravityocr.pipelines.assembly import PageResult, document_markdown
 from gravityocr.pipelines.batch_job import PAGE_SCHEMA, BatchJobConfig, region_decode_stats, run_batch_job
 from ray_cluster import processes_mentioning

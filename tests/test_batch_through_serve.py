@@ -20,7 +20,7 @@ import pytest
 import torch
 import yaml
 
-from gravityocr.bench import synthetic_pages
+from gravityocr.corpus import synthetic_pages
 from gravityocr.model.network.loading import Recognizer, save_recognizer
 from gravityocr.pipelines.batch_job import EXIT_DOCUMENTS_FAILED, BatchJobConfig, run_batch_job
 from ports import free_port

@@ -8,6 +8,7 @@ import argparse
 import pytest
 import torch
 
+from gravityocr.model.engine.config import EngineConfig
 from gravityocr.model.decode.settings import FLAGS, DecodeSettings, add_decode_arguments, decode_settings_from_args
 
 
@@ -37,7 +38,7 @@ def test_an_unset_cap_resolves_to_the_product_default_every_batch_size():
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_none_zero_and_n_reach_the_engine_as_one_meaning(device):
     def engine_cap(**values):
-        config = DecodeSettings(**values).engine_config(device=device, dtype=torch.float32, threads=2,
+        config = EngineConfig.from_decode(DecodeSettings(**values), device=device, dtype=torch.float32, threads=2,
                                                         max_batch_size=16, max_seq_len=64)
         return config.speculative_max_batch  # the engine's None: no cap
 
@@ -47,12 +48,12 @@ def test_none_zero_and_n_reach_the_engine_as_one_meaning(device):
 
 
 def test_engine_config_carries_every_setting():
-    config = DecodeSettings(mode="spec", block_size=16, speculative_max_batch=3).engine_config(
+    config = EngineConfig.from_decode(DecodeSettings(mode="spec", block_size=16, speculative_max_batch=3),
         device="cpu", dtype=torch.float64, threads=3, max_batch_size=5, max_seq_len=300)
     assert (config.mode, config.block_size, config.device, config.dtype, config.num_threads) == (
         "spec", 16, "cpu", torch.float64, 3)
     assert (config.max_batch_size, config.max_seq_len, config.speculative_max_batch) == (5, 300, 3)
-    ar = DecodeSettings(mode="ar").engine_config(device="cpu", dtype=torch.float32, threads=1,
+    ar = EngineConfig.from_decode(DecodeSettings(mode="ar"), device="cpu", dtype=torch.float32, threads=1,
                                                  max_batch_size=1, max_seq_len=64)
     assert ar.mode == "ar"
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from gravityocr.bench.synthetic_pages import single_column_page
+from gravityocr.corpus.synthetic_pages import single_column_page
 from gravityocr.pipelines.deskew import skew_degrees, straighten
 from gravityocr.pipelines.documents import Page
-from gravityocr.pipelines.layout import ink_mask
+from gravityocr.pipelines.regions import ink_mask
 from gravityocr.pipelines.page_ocr import PagePlanner
 
 
@@ -60,7 +60,7 @@ def test_a_blank_page_has_no_skew():
 
 def _table(degrees: float = 0.0) -> Image.Image:
     """A small ruled table (5 rows of 3 cells) as an image of its own, turned by `degrees`."""
-    from gravityocr.bench.synthetic_pages import PageCanvas
+    from gravityocr.corpus.synthetic_pages import PageCanvas
 
     canvas = PageCanvas()
     rows = [["name", "size", "kind"]] + [[f"item {n}", f"{n * 17} kB", "file"] for n in range(1, 5)]
@@ -85,7 +85,7 @@ def test_small_straight_images_measure_no_skew():
 
 
 def test_a_skewed_table_image_is_straightened_before_its_grid_is_found():
-    from gravityocr.pipelines.layout import Region
+    from gravityocr.pipelines.regions import Region
 
     for degrees, rotation in ((0.0, 0.0), (1.2, -1.2)):
         image = _table(degrees)

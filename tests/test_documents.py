@@ -19,7 +19,7 @@ from gravityocr.pipelines.documents import (
     read_file,
     sniff_format,
 )
-from gravityocr.bench.synthetic_pages import PAGE_HEIGHT, PAGE_WIDTH, single_column_page
+from gravityocr.corpus.synthetic_pages import PAGE_HEIGHT, PAGE_WIDTH, single_column_page
 
 
 def test_three_page_pdf_renders_every_page_at_the_dpi(three_page_pdf):

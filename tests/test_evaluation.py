@@ -18,7 +18,7 @@ from conftest import OVERFIT_TEXTS, random_image
 
 def _table_item(data, seed: int = 32) -> ManifestItem:
     """The table of a synthetic page, cut out, with its true HTML."""
-    from gravityocr.bench.synthetic_pages import table_formula_page
+    from gravityocr.corpus.synthetic_pages import table_formula_page
     from gravityocr.pipelines.layout import layout_page, make_layout, make_line_splitter
 
     page = table_formula_page(seed=seed)
@@ -110,10 +110,10 @@ def test_pages_are_read_by_the_page_pipeline_and_scored_as_page_text(tmp_path, t
     from gravityocr.model.evaluation.report import evaluate
     from gravityocr.model.evaluation.scores import page_similarity
     from gravityocr.pipelines.documents import Page
-    from gravityocr.pipelines.evaluation import evaluate_set
+    from gravityocr.model.evaluation.eval_command import evaluate_set
     from gravityocr.pipelines.page_ocr import PageOcr, PageOcrConfig
     from gravityocr.pipelines.recognizer import CropRecognizer, RecognizerConfig
-    from gravityocr.bench.synthetic_pages import sample_pages
+    from gravityocr.corpus.synthetic_pages import sample_pages
 
     recognizer = Recognizer(trained_tiny_model, processor)
     (page,) = sample_pages(1, seed=3)

@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
-from gravityocr.bench.synthetic_pages import font, paragraph_text, wrap
+from gravityocr.corpus.synthetic_pages import font, paragraph_text, wrap
 from gravityocr.pipelines.assembly import page_markdown
 from gravityocr.pipelines.documents import Page, load_pages
 from gravityocr.pipelines.figures import holds_text
 from gravityocr.pipelines.inverted import dark_areas, light_on_dark
-from gravityocr.pipelines.layout import PageStats, ink_mask
+from gravityocr.pipelines.regions import PageStats, ink_mask
 from gravityocr.pipelines.ocr_cli import default_model_path, has_weights
 from gravityocr.pipelines.page_ocr import PagePlanner
 

@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from document_fixtures import png_bytes, tiny_model_dir  # noqa: F401
-from gravityocr.bench.synthetic_pages import single_column_page, table_formula_page
+from gravityocr.corpus.synthetic_pages import single_column_page, table_formula_page
 from gravityocr.corpus.augment import photo_like
 from gravityocr.pipelines.documents import Page
 from gravityocr.pipelines.illumination import measure, normalise

@@ -8,17 +8,12 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
-from gravityocr.pipelines.layout import (
-    ProjectionLayout,
-    ProjectionLines,
-    Region,
-    ink_mask,
-    layout_page,
-    make_layout,
-    make_line_splitter,
-    reading_order,
-)
-from gravityocr.bench.synthetic_pages import (
+from gravityocr.pipelines.layout import layout_page, make_layout, make_line_splitter
+from gravityocr.pipelines.line_splitters import ProjectionLines
+from gravityocr.pipelines.projection_layout import ProjectionLayout
+from gravityocr.pipelines.reading_order import reading_order
+from gravityocr.pipelines.regions import Region, ink_mask
+from gravityocr.corpus.synthetic_pages import (
     LINE_PITCH,
     font,
     sectioned_columns_page,
@@ -354,7 +349,7 @@ def test_a_line_of_marks_alone_is_not_read():
     the recogniser's normalisation and read as a run of dots: the planner makes no crop of
     it; the words around it are read."""
     from gravityocr.pipelines.documents import Page
-    from gravityocr.pipelines.layout import PageStats, marks_only
+    from gravityocr.pipelines.regions import PageStats, marks_only
     from gravityocr.pipelines.page_ocr import PagePlanner
 
     face = font(22)

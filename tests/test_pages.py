@@ -43,7 +43,7 @@ from gravityocr.pipelines.assembly import (
 )
 from gravityocr.pipelines.page_ocr import TASK_BY_TYPE, PageOcr, PageOcrConfig
 from gravityocr.pipelines.recognizer import CropRecognizer, RecognizerConfig
-from gravityocr.bench.synthetic_pages import table_formula_page, two_column_page
+from gravityocr.corpus.synthetic_pages import table_formula_page, two_column_page
 from gravityocr.model.evaluation.scores import parse_table, teds
 
 SCHEMAS = Path(__file__).resolve().parents[1] / "schemas"

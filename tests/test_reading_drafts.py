@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from gravityocr.model.decode.draft_rules import DraftRules
 from gravityocr.model.decode.reading_drafts import NO_COPY, ReadingIndex, reading_with_eos
 from gravityocr.model.decode.reference import greedy_decode
 from gravityocr.model.engine import Engine, EngineConfig, Request
@@ -78,7 +79,7 @@ def test_reading_drafts_are_exact_and_take_fewer_passes_on_real_lines(shipped):
     for reading in (True, False):
         for batch in (1, 4):  # one at a time, and rows drafting from the reading beside rows that do not
             config = EngineConfig(max_batch_size=batch, max_seq_len=2048, num_threads=1, reading_drafts=reading)
-            engine = Engine(shipped.model, config, eos, draft_rules=processor.draft_rules)
+            engine = Engine(shipped.model, config, eos, draft_rules=DraftRules.of(processor.tokenizer))
             results = engine.generate([Request(str(i), p, b) for i, (p, b) in enumerate(zip(prompts, budgets))])
             assert [r.token_ids for r in results] == greedy
             for item, result in zip(items, results):  # drafts chosen by content

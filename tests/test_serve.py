@@ -18,7 +18,7 @@ import torch
 
 from gravityocr.model.decode.settings import DecodeSettings
 from gravityocr.model.network.loading import Recognizer, load_recognizer, save_recognizer
-from gravityocr.bench import synthetic_pages
+from gravityocr.corpus import synthetic_pages
 from gravityocr.pipelines import ocr_cli
 from gravityocr.model.evaluation.scores import parse_table
 from gravityocr.pipelines.assembly import PageResult, document_markdown

@@ -29,7 +29,7 @@ def shipped():
 
 
 def test_rules_by_task(processor):
-    rules = processor.draft_rules
+    rules = DraftRules.of(processor.tokenizer)
     assert isinstance(rules, DraftRules)
     assert isinstance(rules.shape_for("formula"), CommandShape)
     assert all(rules.shape_for(task) is None for task in ("table", "text", "page"))
@@ -43,7 +43,7 @@ def test_shipped_model_stays_exact_in_fewer_passes(shipped):
     passes = {"kept": 0, "free": 0}
     for prompt in prompts["formula"]:
         greedy = greedy_decode(model, prompt, limit, eos).token_ids
-        for name, rules in (("kept", processor.draft_rules), ("free", None)):
+        for name, rules in (("kept", DraftRules.of(processor.tokenizer)), ("free", None)):
             result = speculative_decode(model, prompt, limit, eos, 32, rules, reading_drafts=False)  # mask drafts
             assert result.token_ids == greedy
             passes[name] += result.stats.forward_passes
@@ -59,10 +59,10 @@ def test_engine_keeps_drafts_to_structure_as_the_reference_does(shipped):
     # model's own default drafts lines from its reading and reads formulas in AR steps).
     engine = Engine(model, EngineConfig(max_batch_size=4, max_seq_len=longest, dtype=torch.float64, num_threads=1,
                                         adaptive_block=False, reading_drafts=False),
-                    eos, draft_rules=processor.draft_rules)
+                    eos, draft_rules=DraftRules.of(processor.tokenizer))
     results = engine.generate([Request(str(i), prompt, limit) for i, prompt in enumerate(prompts["formula"])])
     for prompt, result in zip(prompts["formula"], results):
-        reference = speculative_decode(model, prompt, limit, set(eos), 32, processor.draft_rules, reading_drafts=False)
+        reference = speculative_decode(model, prompt, limit, set(eos), 32, DraftRules.of(processor.tokenizer), reading_drafts=False)
         assert result.token_ids == reference.token_ids
         assert result.stats.accepted_per_round == reference.stats.accepted_per_round
         assert result.stats.forward_passes == reference.stats.forward_passes
@@ -81,16 +81,16 @@ def test_engine_classic_rounds_keep_each_rows_drafts_to_its_own_structure(shippe
     # model's own default drafts lines from its reading and reads formulas in AR steps).
     engine = Engine(model, EngineConfig(max_batch_size=3, max_seq_len=longest, dtype=torch.float64, num_threads=1,
                                         adaptive_block=False, reading_drafts=False),
-                    processor.eos_token_ids, draft_rules=processor.draft_rules)
+                    processor.eos_token_ids, draft_rules=DraftRules.of(processor.tokenizer))
     results = engine.generate([Request(str(i), prompt, MAX_NEW_TOKENS[kind]) for i, (kind, prompt) in enumerate(mixed)])
     # Per-row blocks from each row's acceptance: repaired within its own block, same output.
     adaptive = Engine(model, EngineConfig(max_batch_size=3, max_seq_len=longest, dtype=torch.float64, num_threads=1,
                                           adaptive_block=True, reading_drafts=False),
-                      processor.eos_token_ids, draft_rules=processor.draft_rules)
+                      processor.eos_token_ids, draft_rules=DraftRules.of(processor.tokenizer))
     adaptive_results = adaptive.generate([Request(str(i), prompt, MAX_NEW_TOKENS[kind])
                                           for i, (kind, prompt) in enumerate(mixed)])
     for (kind, prompt), result, adaptive_result in zip(mixed, results, adaptive_results):
         reference = speculative_decode(model, prompt, MAX_NEW_TOKENS[kind], set(processor.eos_token_ids), 32,
-                                       processor.draft_rules, reading_drafts=False)
+                                       DraftRules.of(processor.tokenizer), reading_drafts=False)
         assert result.token_ids == reference.token_ids == adaptive_result.token_ids
         assert result.stats.accepted_per_round == reference.stats.accepted_per_round

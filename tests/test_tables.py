@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
-from gravityocr.bench.synthetic_pages import font
+from gravityocr.corpus.synthetic_pages import font
 from gravityocr.model.evaluation.scores import parse_table
-from gravityocr.pipelines.layout import ink_mask
+from gravityocr.pipelines.regions import ink_mask
 from gravityocr.pipelines.tables import TableGrid, table_grid, table_html
 
 Row = list[tuple[str, int]]  # (text, lines joined by "\n"; colspan)

@@ -1,5 +1,5 @@
-"""The decoding settings a person chooses: one dataclass, one set of command-line flags,
-and the one function that turns them into an engine's configuration.
+"""The decoding settings a person chooses: one dataclass and one set of command-line flags
+(the engine's configuration is built from them by `EngineConfig.from_decode`).
 
 Every command that decodes (`eval`, `ocr`, `batch`, `serve`, `bench decode`, `bench serve`,
 `bench samples`) takes these flags through `add_decode_arguments`, and every config file
@@ -13,8 +13,8 @@ The batch cap (`speculative_max_batch`) reads:
     N >= 1 only while at most N sequences decode together
 
 `resolved()` writes the default out (never None), in the same vocabulary;
-`engine_config(...)` hands the engine that cap (where the engine's own `None` means no
-cap). The output text is the same under any setting: greedy AR decoding of the same weights.
+`EngineConfig.from_decode(...)` hands the engine that cap (where the engine's own `None`
+means no cap). The output text is the same under any setting: greedy AR decoding of the same weights.
 
 Importing this module does not import torch: commands build their parsers before loading
 a model.
@@ -26,12 +26,7 @@ import argparse
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
-
-if TYPE_CHECKING:
-    import torch
-
-    from gravityocr.model.engine.config import EngineConfig
+from typing import Literal
 
 MODES = ("spec", "ar")
 
@@ -89,21 +84,10 @@ class DecodeSettings:
 
     def resolved(self) -> "DecodeSettings":
         """These settings with the unset cap replaced by the product's default (0: every batch
-        size), so the cap reads 0 or N, never None: what `engine_config` runs and what reports
-        say was run."""
+        size), so the cap reads 0 or N, never None: what `EngineConfig.from_decode` runs and what
+        reports say was run."""
         speculative = 0 if self.speculative_max_batch is None else self.speculative_max_batch
         return dataclasses.replace(self, speculative_max_batch=speculative)
-
-    def engine_config(self, *, device: str, dtype: "torch.dtype", threads: int, max_batch_size: int,
-                      max_seq_len: int) -> "EngineConfig":
-        """The engine configuration these settings decode with. The one place user settings
-        become an `EngineConfig`, so that every command resolves the cap alike."""
-        from gravityocr.model.engine.config import EngineConfig
-
-        resolved = self.resolved()
-        return EngineConfig(max_batch_size=max_batch_size, max_seq_len=max_seq_len, block_size=self.block_size,
-                            mode=self.mode, device=device, dtype=dtype, num_threads=threads,
-                            speculative_max_batch=resolved.speculative_max_batch or None)
 
     def report(self, device: str, threads: int) -> dict:
         """What a report says was measured: the resolved settings, the device and threads

@@ -9,6 +9,7 @@ from typing import Literal
 
 import torch
 
+from gravityocr.model.decode.settings import DecodeSettings
 from gravityocr.model.network.processor import InvalidInput
 
 
@@ -27,8 +28,8 @@ def _usable_cpus() -> int:
 @dataclass
 class EngineConfig:
     """The engine's own configuration. Commands build it from the user's decoding settings
-    through `DecodeSettings.engine_config` (model/decode/settings.py), which resolves the
-    product's defaults; here each batch cap is already resolved, None meaning no cap."""
+    (model/decode/settings.py) with `from_decode`, which resolves the product's defaults;
+    here each batch cap is already resolved, None meaning no cap."""
 
     max_batch_size: int = 64  # cache slots = sequences decoded together in one round
     max_seq_len: int = 2048  # per slot: prompt + new tokens
@@ -52,6 +53,16 @@ class EngineConfig:
     # shipped reader's drafts a round commits enough of them that speculation wins at every
     # batch size measured (docs/decoding.md). Same output either way.
     speculative_max_batch: int | None = None
+
+    @classmethod
+    def from_decode(cls, decode: DecodeSettings, *, device: str, dtype: torch.dtype, threads: int,
+                    max_batch_size: int, max_seq_len: int) -> "EngineConfig":
+        """The engine configuration `decode` decodes with. The one place user settings become
+        an `EngineConfig`, so that every command resolves the cap alike."""
+        resolved = decode.resolved()
+        return cls(max_batch_size=max_batch_size, max_seq_len=max_seq_len, block_size=decode.block_size,
+                   mode=decode.mode, device=device, dtype=dtype, num_threads=threads,
+                   speculative_max_batch=resolved.speculative_max_batch or None)
 
     def __post_init__(self):
         if self.mode not in ("spec", "ar"):

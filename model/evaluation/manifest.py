@@ -10,7 +10,6 @@ the rest of a run.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 from dataclasses import dataclass
@@ -18,6 +17,8 @@ from pathlib import Path
 from typing import Iterable
 
 from PIL import Image
+
+from gravityocr.pipelines.documents import png_bytes
 
 MANIFEST_NAME = "manifest.jsonl"
 MANIFEST_TYPES = ("text", "table", "formula", "page")
@@ -94,34 +95,6 @@ def write_manifest(directory: str | os.PathLike, items: Iterable[ManifestItem]) 
     return path
 
 
-def png_bytes(image: Image.Image) -> bytes:
-    """PNG, grayscale when the image has no colour (synthetic crops and most pages never do):
-    a fraction of the size."""
-    rgb = image.convert("RGB")
-    r, g, b = rgb.split()
-    gray = r if r.tobytes() == g.tobytes() == b.tobytes() else None
-    buffer = io.BytesIO()
-    (gray if gray is not None else rgb).save(buffer, format="PNG", optimize=True)
-    return buffer.getvalue()
-
-
 def save_crop_image(image: Image.Image, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(png_bytes(image))
-
-
-def write_synthetic_set(directory: str | os.PathLike, seed: int, n: int, stage, kind: str | None = None,
-                        id_prefix: str = "synthetic") -> list[ManifestItem]:
-    """Render crops for seeds seed..seed+n-1 to `images/<id>.png` and write their manifest."""
-    from gravityocr.model.training.synthetic import generate_crop  # rendering is only needed when writing a set
-
-    directory = Path(directory).resolve()
-    items = []
-    for offset in range(n):
-        crop = generate_crop(seed + offset, stage, kind)
-        item_id = f"{id_prefix}-{seed + offset}"
-        path = directory / "images" / f"{item_id}.png"
-        save_crop_image(crop.image, path)
-        items.append(ManifestItem(item_id, path, crop.type, crop.text))
-    write_manifest(directory, items)
-    return items

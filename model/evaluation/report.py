@@ -5,7 +5,7 @@ the product's: self-speculative at every batch size); with `check_exact` the sam
 items are decoded again in plain AR mode (and, where a `speculative_max_batch` cap made the
 measured run take AR rounds, with speculation at every batch size), and `exact` says whether every output is
 identical. An item whose image cannot be read scores 0 and is listed. Whole
-pages are read by the page pipeline (`gravityocr eval`, pipelines/evaluation.py), which
+pages are read by the page pipeline (`gravityocr eval`, model/evaluation/eval_command.py), which
 builds on this module; the model room does not import the pipelines.
 """
 
@@ -17,9 +17,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from gravityocr.model.decode.crop_text import crop_text
+from gravityocr.model.decode.draft_rules import DraftRules
 from gravityocr.model.decode.reference import DRAFT_SOURCES
 from gravityocr.model.decode.settings import DecodeSettings
-from gravityocr.model.engine import Engine, Request
+from gravityocr.model.engine import Engine, EngineConfig, Request
 from gravityocr.model.engine.threads import engine_threads, on_engine_thread
 from gravityocr.model.network.loading import Recognizer
 from gravityocr.model.evaluation.manifest import ManifestItem
@@ -83,12 +84,12 @@ def _decode_all(recognizer: Recognizer, items: list[ManifestItem], decode: Decod
         requests.append(Request(item.id, prompt, MAX_NEW_TOKENS[item.type]))
     longest = max((r.prompt.length + r.max_new_tokens for r in requests), default=2)
     model = recognizer.model
-    config = decode.engine_config(device=str(model.device), dtype=model.dtype, threads=engine_threads(),
-                                  max_batch_size=batch_size, max_seq_len=longest)
+    config = EngineConfig.from_decode(decode, device=str(model.device), dtype=model.dtype, threads=engine_threads(),
+                                      max_batch_size=batch_size, max_seq_len=longest)
 
     def generate() -> dict[str, object]:
         engine = Engine(model, config, eos_token_ids=processor.eos_token_ids, tokenizer=processor.tokenizer,
-                        draft_rules=processor.draft_rules if structured_drafts else None)
+                        draft_rules=DraftRules.of(processor.tokenizer) if structured_drafts else None)
         return {r.request_id: r for r in engine.generate(requests)}
 
     # on a thread of its own, as the page pipeline's engine runs (model/engine/threads.py)

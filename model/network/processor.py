@@ -14,7 +14,6 @@ import torch
 from PIL import Image
 from transformers import Glm46VImageProcessorPil, PreTrainedTokenizerBase
 
-from gravityocr.model.decode.draft_rules import DraftRules
 from gravityocr.model.network.tokenizer import SPECIAL
 
 # GLM-OCR's task prompts, one per content type.
@@ -91,9 +90,6 @@ class OcrProcessor:
         self.max_context = max_context
         self.image_token = SPECIAL.image if template == CHAR_TEMPLATE else "<|image|>"
         self.eos_token_ids = [tokenizer.eos_token_id]
-        # LaTeX letters as single tokens let decoders keep a formula's drafts to LaTeX's
-        # command names.
-        self.draft_rules = DraftRules.of(tokenizer)
 
     def encode(self, image, task: str = "text", max_new_tokens: int = 0) -> EncodedPrompt:
         if task not in TASK_PROMPTS:

@@ -6,7 +6,7 @@ can name a crop by (seed, stage, kind) alone.
 
 Scale is chosen for the model, not for looks: one visual token covers 28x28 px, and the
 small model learns to read along a line only when one character's advance is about one
-token column (see shared/notes/training-the-small-model.md). So text is rendered with an
+token column (see docs/training-the-small-model.md). So text is rendered with an
 average advance of ~28 px and a line about two token rows (56 px) tall.
 
 Text comes from material installed on any Debian image (licence and copyright files for

@@ -3,7 +3,7 @@
 Checkpoints are written atomically as training goes (weights in Hugging Face format plus
 the optimiser state), and a run resumes from the last one with the same data order.
 
-Two measured facts shape the recipe (shared/notes/training-the-small-model.md):
+Two measured facts shape the recipe (docs/training-the-small-model.md):
 - trained from scratch together with the decoder, the vision tower collapses to the same
   output for every image; so it starts frozen at its random init and is unfrozen later
   at a fraction of the learning rate, biases kept frozen;

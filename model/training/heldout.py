@@ -1,6 +1,6 @@
 """Regenerate the synthetic held-out set committed in data/heldout/.
 
-    python -m gravityocr.corpus.make_heldout OUTDIR
+    python -m gravityocr.model.training.heldout OUTDIR
 
 Seeds start at 10**9; training draws its crops from seeds below 10**9, so no held-out crop
 is ever a training crop. Text crops lean towards the harder curriculum stages; tables and

@@ -25,9 +25,10 @@ from gravityocr.model.evaluation.manifest import ManifestItem, read_manifest
 from gravityocr.model.evaluation.scores import score
 
 from gravityocr.pipelines.documents import Page
-from gravityocr.pipelines.layout import LAYOUT_BACKENDS, LINE_SPLITTERS, Region
+from gravityocr.pipelines.layout import LAYOUT_BACKENDS, LINE_SPLITTERS
 from gravityocr.pipelines.page_ocr import PageOcr, PageOcrConfig
 from gravityocr.pipelines.recognizer import CropRecognizer, RecognizerConfig
+from gravityocr.pipelines.regions import Region
 
 
 # Item types read through the page pipeline rather than as one crop.
