@@ -113,7 +113,7 @@ def _pages_in_turn(recognizer, items: list[ManifestItem], pages: list, peer_read
 
     engine = {}
 
-    def record(stats, finished) -> None:
+    def record(stats, finished, lanes) -> None:
         engine["stats"] = stats
 
     page_config = PageOcrConfig()

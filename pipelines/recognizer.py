@@ -100,7 +100,8 @@ class CropRecognizer:
     """Reads crops with one recogniser; see the module docstring."""
 
     def __init__(self, recognizer: Recognizer, config: RecognizerConfig | None = None, on_step=None):
-        """`on_step(stats, finished)` is called on the engine's thread after every step (metrics)."""
+        """`on_step(stats, finished_by_lane, lanes)` is called on the engine's thread after every
+        step (metrics; model/engine/loop.py)."""
         self.recognizer = recognizer
         self.config = config or RecognizerConfig()
         # a formula's drafts kept to LaTeX's command names, where the tokenizer spells them

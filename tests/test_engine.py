@@ -403,6 +403,24 @@ def test_loop_streams_each_rounds_tokens_before_the_result(model, eos, prompt_po
         loop.stop()
 
 
+def test_an_on_step_that_raises_is_logged_and_the_loop_goes_on(model, eos, prompt_pool, greedy_outputs, caplog):
+    """A metrics observer with a bug must not stop the engine: every request still finishes."""
+    from gravityocr.model.engine.loop import EngineLoop
+
+    def broken(stats, finished, lanes):
+        raise TypeError("an observer's bug")
+
+    loop = EngineLoop(lambda: engine_for(model, eos, max_batch_size=4, block_size=4), on_step=broken)
+    try:
+        requests = make_requests(3, prompt_pool)
+        futures = loop.submit_all([Request(r.request_id, r.prompt, 16) for r, _ in requests])
+        for (request, index), future in zip(requests, futures):
+            assert future.result(60).token_ids == expected(greedy_outputs, index, 16)
+    finally:
+        loop.stop()
+    assert "on_step failed" in caplog.text
+
+
 def test_online_requests_go_first_and_preempt_batch_ones_all_exact(model, eos, prompt_pool, greedy_outputs):
     """Lanes: batch requests fill the slots; an online request submitted while they hold
     every slot and more wait is admitted at the next step, beside no more batch rows than

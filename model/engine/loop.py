@@ -69,8 +69,8 @@ class EngineLoop:
     def __init__(self, engine_factory, on_step=None):
         """`engine_factory()` builds the engine on the loop's thread (its error is raised
         here); it is called again after a failed step, so one bad batch fails only the
-        requests that were in it. `on_step(stats, finished)` is called on the loop's thread
-        after every step (metrics)."""
+        requests that were in it. `on_step(stats, finished_by_lane, lanes)` is called on the
+        loop's thread after every step (metrics); its error is logged, never stops the loop."""
         self._factory = engine_factory
         self._on_step = on_step
         self._engine: Engine
@@ -275,7 +275,10 @@ class EngineLoop:
                 by_lane[BATCH if self._batch_in_engine.pop(result.request_id, None) else ONLINE].append(result)
                 _resolve(self._futures.pop(result.request_id), result=result)
             if self._on_step:
-                self._on_step(self.stats(), by_lane, self.lanes())
+                try:
+                    self._on_step(self.stats(), by_lane, self.lanes())
+                except Exception:  # noqa: BLE001 - an observer's fault must not stop the engine
+                    log.exception("the engine loop's on_step failed; the engine goes on")
         stopped = RuntimeError("the engine loop stopped")
         for future in [*self._futures.values(), *(future for _, future in self._backlog)]:
             _resolve(future, error=stopped)
