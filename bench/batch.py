@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+from gravityocr.model.decode.flags import add_model_argument
 from gravityocr.model.decode.settings import DecodeSettings
 from gravityocr.corpus import synthetic_pages
 from gravityocr.pipelines.batch_job import BatchJobConfig, run_batch_job
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gravityocr bench batch", description=__doc__)
     parser.add_argument("--input", help="folder of documents (default: generated pages)")
     parser.add_argument("--pages", type=int, default=8, help="generated pages when --input is absent")
-    parser.add_argument("--model", help="model directory (default: the shipped model)")
+    add_model_argument(parser)
     parser.add_argument("--actors", default="1,2")
     parser.add_argument("--modes", default="ar,spec", help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--max-new-tokens", type=int, default=None)

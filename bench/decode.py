@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from gravityocr.model.decode.flags import add_model_argument, add_threads_argument
 from gravityocr.model.decode.draft_rules import DraftRules
 from gravityocr.model.decode.settings import DecodeSettings, add_decode_arguments, decode_settings_from_args
 from gravityocr.model.engine import Engine, EngineConfig, Request, RequestResult
@@ -225,7 +226,7 @@ def peers(model, processor, items: list[BenchItem], args) -> dict:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gravityocr bench decode", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", help="model directory or hub name (default: the shipped model, else TINY random)")
+    add_model_argument(parser, default_text="the shipped model, else a random TINY one")
     parser.add_argument("--data", help="directory with manifest.jsonl, e.g. data/real (default: synthetic noise images, for random models)")
     parser.add_argument("--batch-sizes", default="1,8,32,64", help="comma-separated (default 1,8,32,64)")
     parser.add_argument("--fixed-block", action="store_true",
@@ -237,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-structured-drafts", action="store_true",
                         help="leave LaTeX command names in formulas to the drafter "
                              "(model/decode/draft_rules.py keeps a formula's drafts to them)")
-    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    add_threads_argument(parser, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--limit", type=int, help="only the first N items")
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3, help="runs per measurement; the fastest counts")

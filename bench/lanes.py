@@ -26,6 +26,7 @@ import threading
 import time
 from pathlib import Path
 
+from gravityocr.model.decode.flags import add_model_argument
 from gravityocr.bench.batch import rss_bytes, make_input
 from gravityocr.bench.serve import REAL, chat_bodies, free_port, load_level
 from gravityocr.pipelines.batch_job import BatchJobConfig, run_batch_job
@@ -78,7 +79,7 @@ def _model_holder(process: Path) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gravityocr bench lanes", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", help="model directory (default: the shipped model)")
+    add_model_argument(parser)
     parser.add_argument("--data", default=str(REAL), help="manifest of crops the online requests send (default: data/real)")
     parser.add_argument("--input", help="folder of documents for the batch job (default: generated pages)")
     parser.add_argument("--pages", type=int, default=8, help="generated pages when --input is absent")

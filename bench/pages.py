@@ -31,8 +31,9 @@ from pathlib import Path
 
 from PIL import Image
 
-from gravityocr.pipelines.layout import LAYOUT_BACKENDS, LINE_SPLITTERS, layout_page, make_layout, make_line_splitter
-from gravityocr.pipelines.page_ocr import PageOcrConfig
+from gravityocr.model.decode.flags import add_model_argument
+from gravityocr.pipelines.layout import LAYOUT_BACKENDS, layout_page, make_layout, make_line_splitter
+from gravityocr.pipelines.page_ocr import PageOcrConfig, add_page_arguments
 from gravityocr.corpus.synthetic_pages import sample_pages
 from gravityocr.model.evaluation.scores import page_similarity, page_text
 
@@ -143,7 +144,7 @@ def run_ours(pages: list[BenchPage], recognizer, config, mode: str, args) -> Sys
     from gravityocr.pipelines.recognizer import CropRecognizer
 
     crop_recognizer = CropRecognizer(recognizer, dataclasses.replace(config, decode=dataclasses.replace(config.decode, mode=mode)))
-    pipeline = PageOcr(crop_recognizer, PageOcrConfig(layout=args.layout, lines=args.lines, batch_pages=args.batch_pages))
+    pipeline = PageOcr(crop_recognizer, PageOcrConfig.from_args(args, batch_pages=args.batch_pages))
     figures = SystemFigures(f"gravityocr-{mode}")
     inputs = [Page(p.name, i + 1, p.image, p.image.width, p.image.height) for i, p in enumerate(pages)]
     start = time.perf_counter()
@@ -302,16 +303,14 @@ def measure_layout(pages: list[BenchPage], name: str) -> dict:
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="gravityocr bench pages", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="recogniser directory (default: the embedded model)")
+    add_model_argument(parser)
     parser.add_argument("--random", choices=("tiny", "small"), default=None,
                         help="use a random model of this size (proves the pipeline runs; scores ~0)")
     parser.add_argument("--pages", type=int, default=6, help="synthetic pages (default: 6)")
     parser.add_argument("--pdf", nargs="*", default=None, help="real PDFs (default: Debian docs when present)")
     parser.add_argument("--pdf-pages", type=int, default=2, help="pages taken from each PDF (default: 2)")
-    parser.add_argument("--dpi", type=float, default=PageOcrConfig.dpi)
+    add_page_arguments(parser)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--layout", choices=LAYOUT_BACKENDS, default=PageOcrConfig.layout)
-    parser.add_argument("--lines", choices=LINE_SPLITTERS, default=PageOcrConfig.lines)
     parser.add_argument("--batch-pages", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=None,
                         help="cap per crop (default: none; 16 with --random)")

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gravityocr.model.decode.flags import add_model_argument, add_threads_argument
 from gravityocr.model.evaluation.manifest import ManifestItem, read_manifest
 from gravityocr.model.evaluation.scores import score
 
@@ -226,8 +227,8 @@ def photographed(items: list[ManifestItem], directory: Path) -> list[ManifestIte
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gravityocr bench real", description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="evaluation set (default: data/real)")
-    parser.add_argument("--model", default=None, help="recogniser directory (default: the embedded model)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads of the engine (default: all the process may use)")
+    add_model_argument(parser)
+    add_threads_argument(parser)
     parser.add_argument("--skip-peers", action="store_true")
     parser.add_argument("--skip-pages", action="store_true")
     parser.add_argument("--skip-lines", action="store_true")

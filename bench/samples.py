@@ -23,6 +23,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from gravityocr.model.decode.flags import add_model_argument, add_threads_argument
 from gravityocr.model.decode.settings import add_decode_arguments, decode_settings_from_args
 from gravityocr.model.evaluation.scores import score
 from gravityocr.pipelines.page_ocr import PageOcrConfig
@@ -94,8 +95,7 @@ def summary(outcomes: list[Outcome]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gravityocr bench samples", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", metavar="PATH", default=None,
-                        help="recogniser directory (Hugging Face format); default: the embedded model")
+    add_model_argument(parser)
     parser.add_argument("--samples", metavar="DIR", type=Path, default=SAMPLES,
                         help="folder of documents (default: the repository's samples/); true texts: data/samples/<stem>.md")
     parser.add_argument("--only", metavar="NAME", action="append", default=None,
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
                              "also write them there)")
     parser.add_argument("--dpi", type=float, default=PageOcrConfig.dpi, help="PDF render resolution")
     parser.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads of the engine (default: all the process may use)")
+    add_threads_argument(parser)
     add_decode_arguments(parser, with_mode=True)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     started = time.perf_counter()
     recognizer = CropRecognizer.load(model_path, RecognizerConfig(decode=decode), device=device)
-    pipeline = PageOcr(recognizer, PageOcrConfig(dpi=args.dpi))
+    pipeline = PageOcr(recognizer, PageOcrConfig.from_args(args))
     load_seconds = time.perf_counter() - started
 
     quiet = args.json == "-"

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import httpx
 
+from gravityocr.model.decode.flags import add_model_argument
 from gravityocr.model.decode.settings import DecodeSettings, add_decode_arguments, decode_settings_from_args
 from gravityocr.model.evaluation.manifest import read_manifest
 from gravityocr.serve.app import build_app
@@ -125,7 +126,7 @@ def serve_modes(decode: DecodeSettings, spec_all: bool) -> dict[str, DecodeSetti
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gravityocr bench serve", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", help="model directory (default: the shipped model)")
+    add_model_argument(parser)
     parser.add_argument("--data", default=str(REAL), help="manifest directory of crops to send (default: data/real)")
     parser.add_argument("--concurrency", default="1,8,32")
     parser.add_argument("--requests", type=int, default=64, help="requests per level at most")

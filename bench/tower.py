@@ -92,7 +92,7 @@ def measure(runners: dict[str, Callable[[], object]], rounds: int) -> dict[str, 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--lines", type=int, default=16, help="number of rendered lines")
+    parser.add_argument("--count", type=int, default=16, help="rendered lines to read (default: 16)")
     parser.add_argument("--batch", type=int, default=16, help="lines per batch in the batched setting")
     parser.add_argument("--threads", default="1,2", help="comma-separated thread counts")
     parser.add_argument("--rounds", type=int, default=3)
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         weights = args.weights or convert_onnx(source, Path(scratch) / "ppocr_rec.safetensors")
         model = load_ppocr_recognizer(weights)
 
-    lines = make_lines(args.lines)
+    lines = make_lines(args.count)
     singles = [preprocess(image)[None] for _, image in lines]
     batches = [preprocess_batch([image for _, image in lines[start:start + args.batch]])
                for start in range(0, len(lines), args.batch)]

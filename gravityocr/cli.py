@@ -12,7 +12,7 @@ import sys
 
 # subcommand -> (module with add_arguments(parser) and run(args), help)
 COMMANDS = {
-    "batch": ("gravityocr.pipelines.batch_job",
+    "batch": ("gravityocr.pipelines.batch_cli",
               "OCR every document under INPUT into OUTPUT (local, file:// or s3://) on Ray"),
     "ocr": ("gravityocr.pipelines.ocr_cli", "OCR local files in-process and print or write markdown/JSON"),
     "serve": ("gravityocr.serve.cli", "serve the OCR HTTP API on Ray Serve"),

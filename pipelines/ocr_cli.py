@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING
 
 from gravityocr.model.decode.settings import add_decode_arguments, decode_settings_from_args
 
-from gravityocr.pipelines.layout import LAYOUT_BACKENDS, LINE_SPLITTERS
-from gravityocr.pipelines.page_ocr import PageOcrConfig  # the page settings' defaults (torch loads only when a command runs)
+from gravityocr.model.decode.flags import add_model_argument
+from gravityocr.model.network.tasks import TASK_TOKEN_BUDGETS
+from gravityocr.pipelines.page_ocr import PageOcrConfig, add_page_arguments  # torch loads only when a command runs
 
 if TYPE_CHECKING:
     from gravityocr.pipelines.assembly import PageResult
@@ -46,18 +47,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(report.pdf.md, its figure crops in report.pdf_figures/, linked from it), or "
                              "NAME.EXT.json; default: print to stdout (JSON: one document per line; markdown "
                              "without figures, whose boxes are in the JSON)")
-    parser.add_argument("--model", metavar="PATH", default=None,
-                        help="recogniser directory (Hugging Face format); default: the embedded model")
-    parser.add_argument("--dpi", type=float, default=PageOcrConfig.dpi,
-                        help=f"PDF render resolution (default: {PageOcrConfig.dpi:g})")
-    parser.add_argument("--layout", choices=LAYOUT_BACKENDS, default=PageOcrConfig.layout,
-                        help=f"layout backend (default: {PageOcrConfig.layout}; rapid: the bundled layout model)")
-    parser.add_argument("--lines", choices=LINE_SPLITTERS, default=PageOcrConfig.lines,
-                        help=f"how text regions are split into lines (default: {PageOcrConfig.lines})")
+    add_model_argument(parser)
+    add_page_arguments(parser)
     parser.add_argument("--batch-pages", type=int, default=PageOcrConfig.batch_pages,
                         help=f"pages per recogniser batch (default: {PageOcrConfig.batch_pages})")
     parser.add_argument("--max-new-tokens", type=int, default=None,
-                        help="cap on tokens written per crop (default: per task, 256 text / 1024 table)")
+                        help="cap on tokens written per crop (default: per task, "
+                             + ", ".join(f"{n} {task}" for task, n in TASK_TOKEN_BUDGETS.items()) + ")")
     parser.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
     parser.add_argument("--no-progress", action="store_true",
                         help="no progress lines on stderr (by default a line per page read: N/M pages)")
@@ -178,8 +174,7 @@ def run(args) -> int:
         if args.max_new_tokens is not None:
             config = config.capped(args.max_new_tokens)
         recognizer = CropRecognizer.load(model_path, config, device=device)
-        pipeline = PageOcr(recognizer, PageOcrConfig(dpi=args.dpi, layout=args.layout, lines=args.lines,
-                                                     batch_pages=args.batch_pages))
+        pipeline = PageOcr(recognizer, PageOcrConfig.from_args(args, batch_pages=args.batch_pages))
     except (OSError, ValueError, ImportError) as error:
         print(f"gravityocr ocr: cannot start: {error}", file=sys.stderr)
         return 2

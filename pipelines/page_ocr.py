@@ -10,6 +10,7 @@ memory whole and fifty one-page PNGs still make one engine batch.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import deque
@@ -26,7 +27,7 @@ from gravityocr.pipelines.deskew import straighten
 from gravityocr.pipelines.documents import DocumentError, DocumentLimits, Page, open_document, read_file
 from gravityocr.pipelines.illumination import normalise
 from gravityocr.pipelines.inverted import light_on_dark
-from gravityocr.pipelines.layout import layout_page, make_layout, make_line_splitter
+from gravityocr.pipelines.layout import LAYOUT_BACKENDS, LINE_SPLITTERS, layout_page, make_layout, make_line_splitter
 from gravityocr.pipelines.line_splitters import NoLines
 from gravityocr.pipelines.regions import TEXT_TYPES, Box, LayoutBackend, LineSplitter, PageStats, Region, ink_mask, \
     marks_only, paper_colour
@@ -55,10 +56,12 @@ NEARLY_NOTHING = 0.25
 SOME_TEXT = 50
 
 
-@dataclass
+@dataclass(frozen=True)
 class PageOcrConfig:
-    """The one page-settings object: `gravityocr ocr`, `gravityocr batch` and serve take
-    their defaults for these from here (`PageOcrConfig.layout`, ...)."""
+    """The one page-settings object, nested in the batch job's config and serve's settings:
+    `gravityocr ocr`, `gravityocr batch` and serve read pages with it (its flags:
+    `add_page_arguments`; a config's `page:` mapping: `from_mapping`). A value that cannot
+    work is a ValueError when it is made."""
 
     dpi: float = 150
     layout: str = "projection"  # see layout.LAYOUT_BACKENDS
@@ -69,6 +72,33 @@ class PageOcrConfig:
     padding: int = 4
     batch_pages: int = 8  # pages whose regions form one recogniser call
     limits: DocumentLimits = field(default_factory=DocumentLimits)
+
+    def __post_init__(self):
+        if self.layout not in LAYOUT_BACKENDS:
+            raise ValueError(f"layout must be one of {', '.join(LAYOUT_BACKENDS)}, got {self.layout!r}")
+        if self.lines not in LINE_SPLITTERS:
+            raise ValueError(f"lines must be one of {', '.join(LINE_SPLITTERS)}, got {self.lines!r}")
+        if not self.dpi > 0 or self.batch_pages < 1:
+            raise ValueError(f"dpi must be positive and batch_pages at least 1, got {self.dpi}, {self.batch_pages}")
+
+    @classmethod
+    def from_mapping(cls, values: dict | None) -> "PageOcrConfig":
+        """A config file's `page:` mapping (unset keys: the defaults); unknown keys are refused."""
+        values = dict(values or {})
+        known = {"dpi", "layout", "lines", "padding", "batch_pages"}
+        unknown = set(values) - known
+        if unknown:
+            raise ValueError(f"unknown page settings {sorted(unknown)}; known: {sorted(known)}")
+        return cls(**values)
+
+    @classmethod
+    def from_args(cls, args, **values) -> "PageOcrConfig":
+        """The settings a command's `add_page_arguments` flags (and `values`) give."""
+        return cls(**values).overridden(**{name: getattr(args, name, None) for name in ("dpi", "layout", "lines")})
+
+    def overridden(self, **flags) -> "PageOcrConfig":
+        """These settings with each flag that was given (not None) in its place."""
+        return dataclasses.replace(self, **{name: value for name, value in flags.items() if value is not None})
 
 
 @dataclass
@@ -122,6 +152,22 @@ class PagePlan:
     crops: list[Crop]
     tables: dict[int, TableGrid] = field(default_factory=dict)  # by region index: the grids read by cell
     glyphs: int = 0  # about how many characters of ink the page holds outside its pictures (`ink_glyphs`)
+
+
+def add_page_arguments(parser, *, dpi: bool = True, defaults_from: str | None = None) -> None:
+    """`--dpi`, `--layout` and `--lines`, the page settings (`PageOcrConfig`), as every command
+    that reads pages takes them. `defaults_from`: where an unset flag's value comes from
+    instead of `PageOcrConfig` (serve: its config), the flags then default to None."""
+    def default(value) -> str:
+        return f"default: {defaults_from}" if defaults_from else f"default: {value}"
+
+    if dpi:
+        parser.add_argument("--dpi", type=float, default=None if defaults_from else PageOcrConfig.dpi,
+                            help=f"PDF render resolution ({default(f'{PageOcrConfig.dpi:g}')})")
+    parser.add_argument("--layout", choices=LAYOUT_BACKENDS, default=None if defaults_from else PageOcrConfig.layout,
+                        help=f"layout backend ({default(PageOcrConfig.layout)}; rapid: the bundled layout model)")
+    parser.add_argument("--lines", choices=LINE_SPLITTERS, default=None if defaults_from else PageOcrConfig.lines,
+                        help=f"how text regions are split into lines ({default(PageOcrConfig.lines)})")
 
 
 class PagePlanner:

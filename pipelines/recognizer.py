@@ -29,7 +29,8 @@ from PIL import Image
 from gravityocr.model.decode.settings import DecodeSettings
 from gravityocr.model.decode.reference import DecodeStats, greedy_decode, speculative_decode
 from gravityocr.model.network.loading import Recognizer, load_recognizer
-from gravityocr.model.network.processor import TASK_PROMPTS, EncodedPrompt, InvalidInput
+from gravityocr.model.network.processor import EncodedPrompt, InvalidInput
+from gravityocr.model.network.tasks import TASK_PROMPTS, TASK_TOKEN_BUDGETS
 from gravityocr.model.decode.crop_text import crop_text
 from gravityocr.model.decode.draft_rules import DraftRules
 from gravityocr.model.engine.config import EngineConfig
@@ -45,8 +46,7 @@ DECODERS = ("engine", "reference")
 @dataclass
 class RecognizerConfig:
     decode: DecodeSettings = field(default_factory=DecodeSettings)  # how crops are decoded (one meaning everywhere)
-    # Longest output per task: a line of text, a whole table as HTML, one formula.
-    max_new_tokens: dict[str, int] = field(default_factory=lambda: {"text": 256, "table": 1024, "formula": 256})
+    max_new_tokens: dict[str, int] = field(default_factory=lambda: dict(TASK_TOKEN_BUDGETS))  # longest output per task
     max_batch_size: int = 32  # sequences the engine decodes together (its cache slots)
     max_seq_len: int | None = None  # per crop: prompt + output tokens (a cache slot); None: the model's context
     decoder: Literal["engine", "reference"] = "engine"  # the reference decoders: for checking the engine
@@ -72,6 +72,7 @@ class CropResult:
     stats: DecodeStats | None = None
     finish_reason: str | None = None  # "eos" | "repetition" | "length" (model/decode/stopping.py)
     error: str | None = None  # why this crop was not read (the rest of its page still is)
+    token_ids: list[int] = field(default_factory=list)  # what was decoded (exactness is about these)
 
     @property
     def ok(self) -> bool:
@@ -225,7 +226,7 @@ class CropRecognizer:
     def _finish(self, token_ids: list[int], stats: DecodeStats, finish_reason: str, task: str) -> CropResult:
         """The crop's text (model/decode/crop_text.py)."""
         text = crop_text(self.recognizer.processor, self.recognizer.lexicon, token_ids, finish_reason, task)
-        return CropResult(text, stats, finish_reason)
+        return CropResult(text, stats, finish_reason, token_ids=list(token_ids))
 
     def _decode_alone(self, prompt: EncodedPrompt, budget: int, task: str) -> CropResult:
         model, processor, decode = self.recognizer.model, self.recognizer.processor, self.config.decode

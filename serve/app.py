@@ -98,7 +98,7 @@ class OcrService:
         from gravityocr.model.engine.threads import reserve_for_engine
         from gravityocr.model.network.devices import resolve_device
         from gravityocr.model.network.loading import DEFAULT_MODEL_DIR, load_recognizer
-        from gravityocr.pipelines.page_ocr import PageOcr, PageOcrConfig
+        from gravityocr.pipelines.page_ocr import PageOcr
         from gravityocr.pipelines.recognizer import CropRecognizer, RecognizerConfig
 
         reserve_for_engine(self.settings.threads)
@@ -114,8 +114,7 @@ class OcrService:
         self.recognizer = recognizer
         self.engine_config = self.crops.engine_config
         self.decode = self.settings.decode.resolved()  # the cap written out
-        self.pages = PageOcr(self.crops, PageOcrConfig(dpi=self.settings.dpi, layout=self.settings.layout,
-                                                       lines=self.settings.lines))
+        self.pages = PageOcr(self.crops, self.settings.page)
         self.node_id = ray.get_runtime_context().get_node_id()
         self.ready = True
 

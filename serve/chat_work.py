@@ -53,7 +53,7 @@ class ChatWork:
         except (binascii.Error, ValueError):
             raise HTTPProblem(400, "the image data: URL is not valid base64") from None
         try:
-            page = next(iter(open_document("image", data, self.service.settings.dpi).pages()))
+            page = next(iter(open_document("image", data, self.service.settings.page.dpi).pages()))
         except DocumentError as error:
             raise HTTPProblem(DOCUMENT_ERROR_STATUS.get(error.reason, 422), f"{error.reason}: {error.message}") from None
         task = schemas.task_for_prompt(prompt_text)

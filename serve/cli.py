@@ -20,7 +20,8 @@ from pathlib import Path
 import yaml
 
 from gravityocr.model.decode.settings import add_decode_arguments, decode_settings_from_args
-from gravityocr.pipelines.layout import LAYOUT_BACKENDS, LINE_SPLITTERS
+from gravityocr.model.decode.flags import add_model_argument
+from gravityocr.pipelines.page_ocr import add_page_arguments
 from gravityocr.serve.settings import ServeSettings
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "serve_config.yaml"
@@ -44,13 +45,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--port", type=int, default=None, help="listen port (default from the config, else 8000)")
     parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="Serve config file (the one `serve deploy` takes)")
     parser.add_argument("--address", help="Ray cluster address (default: a local Ray)")
-    parser.add_argument("--model", help="model directory or hub name (overrides the config)")
-    parser.add_argument("--layout", choices=LAYOUT_BACKENDS,
-                        help="layout backend (overrides the config; default: the page pipeline's, as for "
-                             "`gravityocr ocr` and `gravityocr batch`)")
-    parser.add_argument("--lines", choices=LINE_SPLITTERS,
-                        help="how text regions are split into lines (overrides the config; default: the page "
-                             "pipeline's)")
+    add_model_argument(parser, default_text="the config's")
+    add_page_arguments(parser, dpi=False, defaults_from="the config's, else the page pipeline's")
     add_decode_arguments(parser, with_mode=True, defaults_from="the config's `decode:`")
 
 
@@ -63,11 +59,8 @@ def run(args) -> int:
     http_options, settings, options = load_serve_config(args.config)
     if args.model:
         settings.model = args.model
-    if args.layout is not None:
-        settings.layout = args.layout
-    if args.lines is not None:
-        settings.lines = args.lines
     try:
+        settings.page = settings.page.overridden(layout=args.layout, lines=args.lines)
         settings.decode = decode_settings_from_args(args, base=settings.decode)
         settings.check()  # the config's settings with the command line's overrides
     except ValueError as error:

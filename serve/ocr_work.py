@@ -34,7 +34,7 @@ class OcrWork:
         name, data = await self._upload(request)
         settings = self.service.settings
         try:
-            document = open_document(name, data, settings.dpi)
+            document = open_document(name, data, settings.page.dpi)
         except DocumentError as error:
             raise HTTPProblem(DOCUMENT_ERROR_STATUS.get(error.reason, 422), f"{error.reason}: {error.message}") from None
         if document.page_count > settings.max_pages:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gravityocr.model.decode.settings import DecodeSettings
-from gravityocr.pipelines.page_ocr import PageOcrConfig  # the page settings' defaults
+from gravityocr.pipelines.page_ocr import PageOcrConfig
 
 TOKEN_ENV = "GRAVITYOCR_API_TOKEN"
 TOKEN_FILE_ENV = "GRAVITYOCR_API_TOKEN_FILE"
@@ -26,9 +26,9 @@ class ServeSettings:
     # any crop they read fits here too.
     max_seq_len: int | None = None
     max_new_tokens: int = 1024  # cap per crop (chat requests may ask for less)
-    dpi: float = PageOcrConfig.dpi
-    layout: str = PageOcrConfig.layout  # layout backend (pipelines/layout.py LAYOUT_BACKENDS)
-    lines: str = PageOcrConfig.lines  # how text regions are split into lines (LINE_SPLITTERS)
+    # How pages are read: the config's `page:` mapping (pipelines/page_ocr.py PageOcrConfig),
+    # the settings `gravityocr ocr` and `gravityocr batch` take too.
+    page: PageOcrConfig = field(default_factory=PageOcrConfig)
     threads: int = 1  # torch threads per replica
     device: str = "auto"  # "auto": CUDA (bfloat16) when the replica was given a GPU, else CPU (float32)
     dtype: str | None = None  # overrides the device's default dtype
@@ -52,21 +52,18 @@ class ServeSettings:
         unknown = set(args) - known
         if unknown:
             decoding = unknown & {f.name for f in dataclasses.fields(DecodeSettings)}
-            hint = f" ({', '.join(sorted(decoding))}: under `decode:`)" if decoding else ""
+            page = unknown & {f.name for f in dataclasses.fields(PageOcrConfig)}
+            hint = "".join(f" ({', '.join(sorted(names))}: under `{where}:`)"
+                           for names, where in ((decoding, "decode"), (page, "page")) if names)
             raise ValueError(f"unknown serve settings {sorted(unknown)}{hint}; known: {sorted(known)}")
-        settings = cls(**{**args, "decode": DecodeSettings.from_mapping(args.get("decode"))})
+        settings = cls(**{**args, "decode": DecodeSettings.from_mapping(args.get("decode")),
+                          "page": PageOcrConfig.from_mapping(args.get("page"))})
         settings.check()
         return settings
 
     def check(self) -> None:
-        """Raise ValueError for settings that cannot serve (after a config or command-line
-        override); the decoding settings are checked when they are made (DecodeSettings)."""
-        from gravityocr.pipelines.layout import LAYOUT_BACKENDS, LINE_SPLITTERS
-
-        if self.layout not in LAYOUT_BACKENDS:
-            raise ValueError(f"layout must be one of {', '.join(LAYOUT_BACKENDS)}, got {self.layout!r}")
-        if self.lines not in LINE_SPLITTERS:
-            raise ValueError(f"lines must be one of {', '.join(LINE_SPLITTERS)}, got {self.lines!r}")
+        """Raise ValueError for settings that cannot serve; the decoding and page settings are
+        checked when they are made (DecodeSettings, PageOcrConfig)."""
         if self.batch_pages_per_replica < 1:
             raise ValueError(f"batch_pages_per_replica must be at least 1, got {self.batch_pages_per_replica}")
 

@@ -22,7 +22,9 @@ from gravityocr.model.decode.settings import DecodeSettings
 from gravityocr.model.network.loading import Recognizer, save_recognizer
 from gravityocr.corpus import synthetic_pages
 from gravityocr.pipelines.assembly import PageResult, document_markdown
-from gravityocr.pipelines.batch_job import PAGE_SCHEMA, BatchJobConfig, region_decode_stats, run_batch_job
+from gravityocr.pipelines.batch_job import BatchJobConfig, run_batch_job
+from gravityocr.pipelines.batch_rows import PAGE_SCHEMA
+from gravityocr.pipelines.batch_stages import region_decode_stats
 from ray_cluster import processes_mentioning
 
 
@@ -201,7 +203,7 @@ def test_interrupted_job_resumes_without_redoing_finished_documents(ray_cluster,
 def test_a_run_with_a_bad_document_prints_progress_and_exits_non_zero(ray_cluster, model_dir, tmp_path):
     """The CLI tells a person what it does as documents finish (stderr), and a job in which a
     document failed exits with its documented code after the summary, its good outputs written."""
-    from gravityocr.pipelines.batch_job import EXIT_DOCUMENTS_FAILED
+    from gravityocr.pipelines.batch_cli import EXIT_DOCUMENTS_FAILED
 
     source, output = tmp_path / "in", tmp_path / "out"
     source.mkdir()

@@ -22,7 +22,8 @@ import yaml
 
 from gravityocr.corpus import synthetic_pages
 from gravityocr.model.network.loading import Recognizer, save_recognizer
-from gravityocr.pipelines.batch_job import EXIT_DOCUMENTS_FAILED, BatchJobConfig, run_batch_job
+from gravityocr.pipelines.batch_cli import EXIT_DOCUMENTS_FAILED
+from gravityocr.pipelines.batch_job import BatchJobConfig, run_batch_job
 from ports import free_port
 from ray_cluster import processes_mentioning
 

@@ -30,7 +30,7 @@ from PIL import Image
 from document_fixtures import tiny_recognizer
 from gravityocr.model.evaluation.scores import parse_table
 from gravityocr.model.network.loading import save_recognizer
-from gravityocr.model.network.processor import TASK_PROMPTS
+from gravityocr.model.network.tasks import TASK_PROMPTS
 from gravityocr.pipelines.ocr_cli import default_model_path, has_weights
 from gravityocr.serve.cli import DEFAULT_CONFIG
 from gravityocr.serve.schemas import ChatCompletionResponse, OcrResponse

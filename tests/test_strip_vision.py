@@ -18,7 +18,7 @@ from gravityocr.model.engine import Engine, EngineConfig, Request
 from gravityocr.model.network.loading import Recognizer, load_recognizer, save_recognizer
 from gravityocr.model.network.modeling import STRIP_TOWER, GravityOcrForConditionalGeneration, vision_tower_of
 from gravityocr.model.network.processor import OcrProcessor
-from gravityocr.model.network.strip_vision import (CELL_WIDTH, IMAGE_HEIGHT, ReadingPrefix, StripImageProcessor, cells_to_strips,
+from gravityocr.model.network.strip_vision import (CELL_WIDTH, IMAGE_HEIGHT, ReadingPrefix, StripImageProcessor, cells_to_strips, evened,
                                            reading_slots)
 
 from conftest import SEPARATED_INIT
@@ -69,6 +69,26 @@ def test_a_faint_line_is_one_strip_centred_on_its_grey_ink():
     ink_rows = lambda strip: (strip.mean(dim=0) < strip.mean(dim=0).amax() - 0.1).any(dim=1).nonzero()[:, 0]
     assert abs(int(ink_rows(strips["faint"][0])[0]) - int(ink_rows(strips["black"][0])[0])) <= 1
     assert abs(int(ink_rows(strips["faint"][0])[-1]) - int(ink_rows(strips["black"][0])[-1])) <= 1
+
+
+def test_a_photographed_line_finds_its_ink_on_its_own_paper():
+    """Under one lamp (paper from 200 down to 80 across the crop, ink at 45% contrast) the
+    line is still one strip, scaled and placed as the same line in black on white; a crop on
+    white, even paper is measured as it is (the same array)."""
+    processor = StripImageProcessor()
+    black = render([TEXT], 28, 12)
+    ink = 1.0 - np.asarray(black.convert("L")).astype(np.float32) / 255.0
+    paper = np.linspace(200, 80, ink.shape[1], dtype=np.float32)[None, :].repeat(ink.shape[0], axis=0)
+    photo = Image.fromarray((paper * (1.0 - 0.45 * ink)).astype(np.uint8)).convert("RGB")
+    gray = lambda image: np.asarray(image.convert("L"))
+    assert processor.scale_for(evened(gray(photo))) == pytest.approx(processor.scale_for(gray(black)), rel=0.05)
+    strips = {name: processor.strips(image) for name, image in (("black", black), ("photo", photo))}
+    assert strips["photo"].shape == strips["black"].shape and strips["black"].shape[0] == 1
+    ink_rows = lambda strip: (strip.mean(dim=0) < strip.mean(dim=0).amax() - 0.3).any(dim=1).nonzero()[:, 0]
+    assert abs(int(ink_rows(strips["photo"][0])[0]) - int(ink_rows(strips["black"][0])[0])) <= 2
+    assert abs(int(ink_rows(strips["photo"][0])[-1]) - int(ink_rows(strips["black"][0])[-1])) <= 2
+    clean = gray(black)
+    assert evened(clean) is clean
 
 
 def test_a_dot_leader_line_is_scaled_by_its_letters_not_its_dots():

@@ -10,7 +10,7 @@ import torch
 from gravityocr.model.decode.reference import greedy_decode, speculative_decode
 from gravityocr.model.decode.draft_rules import DraftRules
 from gravityocr.model.engine import Engine, EngineConfig, Request
-from gravityocr.model.evaluation.report import MAX_NEW_TOKENS
+from gravityocr.model.network.tasks import TASK_TOKEN_BUDGETS as MAX_NEW_TOKENS
 from gravityocr.model.decode.formula_drafts import CommandShape
 from gravityocr.model.network.loading import DEFAULT_MODEL_DIR, load_recognizer
 from gravityocr.model.evaluation.manifest import read_manifest

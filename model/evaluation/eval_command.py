@@ -18,6 +18,7 @@ import sys
 from dataclasses import asdict
 
 from gravityocr.model.decode.settings import DecodeSettings, add_decode_arguments, decode_settings_from_args
+from gravityocr.model.decode.flags import add_model_argument, add_threads_argument
 from gravityocr.model.engine.threads import reserve_for_engine
 from gravityocr.model.evaluation.report import ItemOutcome, decode_report, evaluate, summarize
 from gravityocr.model.network.loading import DEFAULT_MODEL_DIR, Recognizer, load_recognizer
@@ -25,8 +26,7 @@ from gravityocr.model.evaluation.manifest import ManifestItem, read_manifest
 from gravityocr.model.evaluation.scores import score
 
 from gravityocr.pipelines.documents import Page
-from gravityocr.pipelines.layout import LAYOUT_BACKENDS, LINE_SPLITTERS
-from gravityocr.pipelines.page_ocr import PageOcr, PageOcrConfig
+from gravityocr.pipelines.page_ocr import PageOcr, PageOcrConfig, add_page_arguments
 from gravityocr.pipelines.recognizer import CropRecognizer, RecognizerConfig
 from gravityocr.pipelines.regions import Region
 
@@ -61,13 +61,13 @@ def read_pages(recognizer: Recognizer, items: list[ManifestItem], config: Recogn
 
 
 def evaluate_set(recognizer: Recognizer, items: list[ManifestItem], batch_size: int = 32,
-                 decode: DecodeSettings | None = None, check_exact: bool = False, structured_drafts: bool = True,
+                 decode: DecodeSettings | None = None, check_exact: bool = False,
                  page_config: PageOcrConfig | None = None):
     """One report over crops and pages (model.evaluation.EvalReport), both decoded with
     `decode` (None: the product's defaults)."""
     decode = decode or DecodeSettings()
     crops = [item for item in items if item.type not in PIPELINE_TYPES]
-    report = evaluate(recognizer, crops, batch_size, decode, check_exact, structured_drafts)
+    report = evaluate(recognizer, crops, batch_size, decode, check_exact)
     outcomes, exact = list(report.items), report.exact
     page_config = page_config or PageOcrConfig()
     config = RecognizerConfig(decode=decode, max_batch_size=batch_size)
@@ -91,21 +91,15 @@ def evaluate_set(recognizer: Recognizer, items: list[ManifestItem], batch_size: 
 
 def add_arguments(parser) -> None:
     parser.add_argument("directory", help="evaluation directory with manifest.jsonl")
-    parser.add_argument("--model", default=str(DEFAULT_MODEL_DIR), help="model directory or hub name")
+    add_model_argument(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--batch-size", type=int, default=32, help="sequences decoded together (default: 32)")
     parser.add_argument("--limit", type=int, help="only the first N items")
     parser.add_argument("--types", help="only these types, comma-separated (text,table,formula,page)")
     parser.add_argument("--check-exact", action="store_true", help="also decode with plain AR and compare outputs")
-    parser.add_argument("--threads", type=int, help="torch threads of the engine (default: all the process may use)")
+    add_threads_argument(parser)
     parser.add_argument("--items", metavar="FILE", help="write per-item outcomes as JSON lines here")
-    parser.add_argument("--layout", choices=LAYOUT_BACKENDS, default=PageOcrConfig.layout,
-                        help="layout backend for page items (as `gravityocr ocr --layout`)")
-    parser.add_argument("--lines", choices=LINE_SPLITTERS, default=PageOcrConfig.lines,
-                        help="line splitter for page items (as `gravityocr ocr --lines`)")
-    parser.add_argument("--no-structured-drafts", action="store_true",
-                        help="leave LaTeX command names in formulas to the drafter (to measure what "
-                             "keeping drafts to them buys)")
+    add_page_arguments(parser, dpi=False)  # page items are images: no PDF to render
     # The product's decoding by default; `--speculative-max-batch 0` measures speculation at
     # every batch size.
     add_decode_arguments(parser)
@@ -123,9 +117,9 @@ def run(args) -> int:
         items = [item for item in items if item.type in wanted]
     if args.limit:
         items = items[:args.limit]
-    recognizer = load_recognizer(args.model)
-    report = evaluate_set(recognizer, items, args.batch_size, decode, args.check_exact, not args.no_structured_drafts,
-                          PageOcrConfig(layout=args.layout, lines=args.lines))
+    recognizer = load_recognizer(args.model or DEFAULT_MODEL_DIR)
+    report = evaluate_set(recognizer, items, args.batch_size, decode, args.check_exact,
+                          PageOcrConfig.from_args(args))
     if args.items:
         with open(args.items, "w") as stream:
             for outcome in report.items:

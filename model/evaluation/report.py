@@ -1,12 +1,13 @@
 """Score a recogniser on the crops of an evaluation set (text lines, tables, formulas).
 
-Every item is decoded by the batched engine with the given decoding settings (by default
-the product's: self-speculative at every batch size); with `check_exact` the same
+Every item is read through the recogniser's front door (pipelines/recognizer.py
+`CropRecognizer`, as `ocr`, the batch job and serve read crops) with the given decoding
+settings (by default the product's: self-speculative at every batch size); with `check_exact` the same
 items are decoded again in plain AR mode (and, where a `speculative_max_batch` cap made the
 measured run take AR rounds, with speculation at every batch size), and `exact` says whether every output is
-identical. An item whose image cannot be read scores 0 and is listed. Whole
-pages are read by the page pipeline (`gravityocr eval`, model/evaluation/eval_command.py), which
-builds on this module; the model room does not import the pipelines.
+identical, token for token. An item whose image cannot be read scores 0 and is listed.
+Whole pages are read by the page pipeline (`gravityocr eval`, model/evaluation/eval_command.py),
+which builds on this module.
 """
 
 from __future__ import annotations
@@ -16,20 +17,14 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from gravityocr.model.decode.crop_text import crop_text
-from gravityocr.model.decode.draft_rules import DraftRules
 from gravityocr.model.decode.reference import DRAFT_SOURCES
 from gravityocr.model.decode.settings import DecodeSettings
-from gravityocr.model.engine import Engine, EngineConfig, Request
-from gravityocr.model.engine.threads import engine_threads, on_engine_thread
-from gravityocr.model.network.loading import Recognizer
+from gravityocr.model.engine.threads import engine_threads
 from gravityocr.model.evaluation.manifest import ManifestItem
 from gravityocr.model.evaluation.scores import score
-from gravityocr.model.network.processor import InvalidInput
-
-# Response budgets by content type (tokens; the character tokenizer spends one per character).
-MAX_NEW_TOKENS = {"text": 256, "table": 512, "formula": 256}
-
+from gravityocr.model.network.loading import Recognizer
+from gravityocr.model.network.tasks import TASK_PROMPTS
+from gravityocr.pipelines.recognizer import CropRecognizer, CropResult, RecognizerConfig
 
 @dataclass
 class ItemOutcome:
@@ -70,30 +65,25 @@ class EvalReport:
         return summary
 
 
-def _decode_all(recognizer: Recognizer, items: list[ManifestItem], decode: DecodeSettings, batch_size: int,
-                structured_drafts: bool = True) -> tuple[dict[str, object], dict[str, str]]:
-    """Engine results by item id, and the read errors of items that never reached it."""
-    processor = recognizer.processor
-    requests, errors = [], {}
+def _read_all(recognizer: Recognizer, items: list[ManifestItem], decode: DecodeSettings,
+              batch_size: int) -> tuple[dict[str, CropResult], dict[str, str]]:
+    """Each item read through the recogniser's front door, as every entry point reads a crop
+    (the same budgets, stopping rule and glyph fixes): results by item id, and the errors of
+    items that could not be read."""
+    loaded, errors = [], {}
     for item in items:
         try:
-            prompt = processor.encode(item.load_image(), item.type)
-        except (OSError, InvalidInput, ValueError) as error:
+            loaded.append((item, item.load_image()))
+        except OSError as error:
             errors[item.id] = f"{type(error).__name__}: {error}"
-            continue
-        requests.append(Request(item.id, prompt, MAX_NEW_TOKENS[item.type]))
-    longest = max((r.prompt.length + r.max_new_tokens for r in requests), default=2)
-    model = recognizer.model
-    config = EngineConfig.from_decode(decode, device=str(model.device), dtype=model.dtype, threads=engine_threads(),
-                                      max_batch_size=batch_size, max_seq_len=longest)
-
-    def generate() -> dict[str, object]:
-        engine = Engine(model, config, eos_token_ids=processor.eos_token_ids, tokenizer=processor.tokenizer,
-                        draft_rules=DraftRules.of(processor.tokenizer) if structured_drafts else None)
-        return {r.request_id: r for r in engine.generate(requests)}
-
-    # on a thread of its own, as the page pipeline's engine runs (model/engine/threads.py)
-    results = on_engine_thread(generate) if requests else {}
+    with CropRecognizer(recognizer, RecognizerConfig(decode=decode, max_batch_size=batch_size)) as crops:
+        read = crops.recognize([(image, item.type) for item, image in loaded])
+    results = {}
+    for (item, _), result in zip(loaded, read):
+        if result.ok:
+            results[item.id] = result
+        else:
+            errors[item.id] = result.error
     return results, errors
 
 
@@ -104,26 +94,24 @@ def decode_report(recognizer: Recognizer, decode: DecodeSettings) -> dict:
 
 
 def evaluate(recognizer: Recognizer, items: list[ManifestItem], batch_size: int = 32,
-             decode: DecodeSettings | None = None, check_exact: bool = False,
-             structured_drafts: bool = True) -> EvalReport:
+             decode: DecodeSettings | None = None, check_exact: bool = False) -> EvalReport:
     """`decode`: the decoding settings measured (None: the product's defaults, so the figures
-    are what a user gets). `structured_drafts`: keep a formula's drafts to LaTeX's command
-    names (model/decode/draft_rules.py); off to measure what it buys. Crops only:
-    a whole page is read by the page pipeline, not as one crop."""
+    are what a user gets). Crops only: a whole page is read by the page pipeline, not as one
+    crop."""
     decode = decode or DecodeSettings()
-    pages = [item.id for item in items if item.type not in MAX_NEW_TOKENS]
+    pages = [item.id for item in items if item.type not in TASK_PROMPTS]
     if pages:
         raise ValueError(f"evaluate() reads crops; {len(pages)} item(s) are of another type (first: {pages[0]!r})")
-    results, errors = _decode_all(recognizer, items, decode, batch_size, structured_drafts)
+    results, errors = _read_all(recognizer, items, decode, batch_size)
     exact = None
     if check_exact:
-        ar_results, _ = _decode_all(recognizer, items, dataclasses.replace(decode, mode="ar"), batch_size)
+        ar_results, _ = _read_all(recognizer, items, dataclasses.replace(decode, mode="ar"), batch_size)
         checked = [results]
         if decode.mode == "spec" and decode_report(recognizer, decode)["speculative_max_batch"] != 0:
             # Past the cap the measured run took AR rounds: speculate at every batch size too,
             # so that every item is checked through speculative rounds.
-            speculating, _ = _decode_all(recognizer, items, dataclasses.replace(decode, speculative_max_batch=0),
-                                         batch_size, structured_drafts)
+            speculating, _ = _read_all(recognizer, items, dataclasses.replace(decode, speculative_max_batch=0),
+                                       batch_size)
             checked.append(speculating)
         exact = all(run[i].token_ids == ar_results[i].token_ids for run in checked for i in run)
     outcomes = []
@@ -132,9 +120,7 @@ def evaluate(recognizer: Recognizer, items: list[ManifestItem], batch_size: int 
             outcomes.append(ItemOutcome(item.id, item.type, 0.0, "", error=errors[item.id]))
             continue
         result = results[item.id]
-        prediction = crop_text(recognizer.processor, recognizer.lexicon, result.token_ids, result.finish_reason,
-                               item.type)
-        outcomes.append(ItemOutcome(item.id, item.type, score(item.type, prediction, item.text), prediction,
+        outcomes.append(ItemOutcome(item.id, item.type, score(item.type, result.text, item.text), result.text,
                                     result.stats.committed_tokens, result.stats.forward_passes,
                                     list(result.stats.accepted_per_round), dict(result.stats.drafted_tokens)))
     return summarize(outcomes, exact, decode_report(recognizer, decode))

@@ -14,14 +14,10 @@ import torch
 from PIL import Image
 from transformers import Glm46VImageProcessorPil, PreTrainedTokenizerBase
 
+from gravityocr.model.network.tasks import TASK_PROMPTS
 from gravityocr.model.network.tokenizer import SPECIAL
 
 # GLM-OCR's task prompts, one per content type.
-TASK_PROMPTS = {
-    "text": "Text Recognition:",
-    "table": "Table Recognition:",
-    "formula": "Formula Recognition:",
-}
 
 # Output budget per crop (OcrProcessor.output_budget): a visual column is 24 px of a line
 # whose glyphs are ~20 px high (strips) or 28 px (GLM-OCR patches); the narrowest glyphs

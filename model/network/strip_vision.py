@@ -157,7 +157,7 @@ class StripImageProcessor:
         import cv2
 
         rgb = np.asarray(image.convert("RGB"))
-        gray = cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY)
+        gray = evened(cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY))
         scale = self.scale_for(gray)
         band = self._ink_band(gray)
         if IMAGE_HEIGHT < band * scale <= IMAGE_HEIGHT * self.single_line_slack:
@@ -167,7 +167,7 @@ class StripImageProcessor:
         width = min(width, self.max_width)
         height = min(height, IMAGE_HEIGHT + STRIP_STRIDE * (self.max_rows - 1))
         bgr = cv2.resize(np.ascontiguousarray(rgb[:, :, ::-1]), (width, height), interpolation=cv2.INTER_LINEAR)
-        ink_rows = self._ink_rows(cv2.cvtColor(bgr, cv2.COLOR_BGR2GRAY))
+        ink_rows = self._ink_rows(cv2.resize(gray, (width, height), interpolation=cv2.INTER_LINEAR))
         top, bottom = (int(ink_rows[0]), int(ink_rows[-1]) + 1) if ink_rows.size else (0, height)
         if bottom - top <= IMAGE_HEIGHT:  # one line: centre its ink in one strip
             centre = (top + bottom) // 2
@@ -187,6 +187,27 @@ class StripImageProcessor:
                 strip[lo - start:hi - start] = normalised[lo:hi]
             out[row, :, :, :width] = strip.transpose(2, 0, 1)
         return torch.from_numpy(out), width
+
+
+DIM_PAPER = 200  # paper (the crop's brightest tenth) darker than this is under poor light
+UNEVEN_PAPER = 0.15  # or paper that falls by this share across the crop
+
+
+def evened(gray: np.ndarray) -> np.ndarray:
+    """The grey crop the strips' geometry is measured on (glyph size, ink rows): as it is on
+    paper that is white and even, else divided by its paper's own brightness (a grey closing
+    wider than any stroke), so that a dim or unevenly lit crop (a photographed page) finds
+    its ink as a scan does. The pixels the tower reads are not changed."""
+    import cv2
+
+    paper = float(np.percentile(gray, 90))
+    size = max(15, gray.shape[0] // 2) | 1
+    background = cv2.morphologyEx(gray, cv2.MORPH_CLOSE, cv2.getStructuringElement(cv2.MORPH_RECT, (size, size)))
+    low, high = np.percentile(background, [5, 95])
+    if paper >= DIM_PAPER and (high - low) < UNEVEN_PAPER * high:
+        return gray
+    flat = gray.astype(np.float32) / np.maximum(background.astype(np.float32), 1.0)
+    return np.clip(flat * 255.0, 0, 255).astype(np.uint8)
 
 
 def cells_to_strips(cells: torch.Tensor, rows: int, columns: int) -> torch.Tensor:
