@@ -26,7 +26,7 @@ import torch
 from gravityocr.model.evaluation.report import evaluate
 from gravityocr.model.training.joint_loss import Objective
 from gravityocr.model.network.loading import DEFAULT_MODEL_DIR, load_recognizer
-from gravityocr.model.evaluation.manifest import write_synthetic_set
+from gravityocr.model.training.heldout import write_synthetic_set
 from gravityocr.model.training.synthetic import stage_by_name
 from gravityocr.model.training.train import CurriculumPhase, TrainConfig, Trainer
 

@@ -38,10 +38,6 @@ def _column_gaps(regions: list[Region], tolerance: int) -> list[tuple[int, int]]
     return _gaps(_spans([(r.bbox[0], r.bbox[2]) for r in regions], tolerance))
 
 
-def _shared(gaps_a: list[tuple[int, int]], gaps_b: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    return [(max(a0, b0), min(a1, b1)) for a0, a1 in gaps_a for b0, b1 in gaps_b if min(a1, b1) > max(a0, b0)]
-
-
 def _starts_a_section(strip: list[Region], below: list[list[Region]], tolerance: int) -> bool:
     """A strip of titles without a gutter of its own, followed by a strip with one."""
     return (all(region.type == "title" for region in strip) and not _column_gaps(strip, tolerance)

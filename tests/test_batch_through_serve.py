@@ -30,7 +30,7 @@ from ray_cluster import processes_mentioning
 pytestmark = pytest.mark.timeout(900)
 
 APP = "gravityocr"  # the application `gravityocr serve` runs
-PAGES = 8
+PAGES = 6
 MAX_NEW_TOKENS = 48
 
 

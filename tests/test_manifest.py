@@ -10,7 +10,8 @@ import pytest
 from PIL import Image
 
 from gravityocr.model.evaluation.manifest import ManifestItem, read_manifest, write_manifest
-from gravityocr.model.training.synthetic import MAX_HEIGHT, MAX_WIDTH, VOCABULARY
+from gravityocr.model.training.heldout import write_synthetic_set
+from gravityocr.model.training.synthetic import CURRICULUM, MAX_HEIGHT, MAX_WIDTH, VOCABULARY
 
 HELDOUT = Path(__file__).resolve().parents[1] / "data" / "heldout"
 
@@ -48,6 +49,13 @@ def test_malformed_line_names_its_line_number(tmp_path, bad, message):
     _write_lines(tmp_path, [GOOD, "", bad])
     with pytest.raises(ValueError, match=rf"line 3: .*{message}"):
         read_manifest(tmp_path)
+
+
+def test_write_synthetic_set(tmp_path):
+    items = write_synthetic_set(tmp_path, seed=5, n=3, stage=CURRICULUM[-1])
+    back = read_manifest(tmp_path)
+    assert [i.id for i in back] == [i.id for i in items] == ["synthetic-5", "synthetic-6", "synthetic-7"]
+    assert all(i.image_path == tmp_path.resolve() / "images" / f"{i.id}.png" and i.image_path.exists() for i in back)
 
 
 def test_heldout_set_reads_and_is_complete():

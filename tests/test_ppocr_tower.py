@@ -155,7 +155,7 @@ def test_chunked_batch_and_blocked_head_give_the_whole_batchs_numbers(recognizer
 
 
 def test_bench_reports_both_engines(converted, capsys):
-    assert bench_main(["--lines", "2", "--batch", "2", "--threads", "1", "--rounds", "1",
+    assert bench_main(["--count", "2", "--batch", "2", "--threads", "1", "--rounds", "1",
                        "--weights", str(converted), "--json"]) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert [row["batch"] for row in report["rows"]] == ["1", "2"]

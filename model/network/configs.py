@@ -86,18 +86,3 @@ def build_config(tokenizer: PreTrainedTokenizerBase, size: ModelSize = TINY) -> 
     )
     config._attn_implementation = "sdpa"
     return config
-
-
-def glm_ocr_size_config(tokenizer: PreTrainedTokenizerBase) -> GlmOcrConfig:
-    """The real GLM-OCR dimensions (transformers' defaults) with this tokenizer's ids:
-    random weights, for measuring per-pass cost at the real size without hub access."""
-    defaults = GlmOcrConfig()
-    text = defaults.text_config
-    vision = defaults.vision_config
-    size = ModelSize(
-        text_layers=text.num_hidden_layers, text_hidden=text.hidden_size, text_heads=text.num_attention_heads,
-        text_kv_heads=text.num_key_value_heads, text_ffn=text.intermediate_size,
-        vision_depth=vision.depth, vision_hidden=vision.hidden_size, vision_heads=vision.num_heads,
-        vision_ffn=vision.intermediate_size, patch_size=vision.patch_size,
-    )
-    return build_config(tokenizer, size)

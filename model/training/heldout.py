@@ -44,6 +44,22 @@ def make_heldout(outdir: str | Path, seed: int = HELDOUT_SEED) -> list[ManifestI
     return items
 
 
+def write_synthetic_set(directory: str | Path, seed: int, n: int, stage, kind: str | None = None,
+                        id_prefix: str = "synthetic") -> list[ManifestItem]:
+    """Render crops for seeds seed..seed+n-1 to `images/<id>.png` and write their manifest
+    (`gravityocr bench ablation`'s held-out crops)."""
+    directory = Path(directory).resolve()
+    items = []
+    for offset in range(n):
+        crop = generate_crop(seed + offset, stage, kind)
+        item_id = f"{id_prefix}-{seed + offset}"
+        path = directory / "images" / f"{item_id}.png"
+        save_crop_image(crop.image, path)
+        items.append(ManifestItem(item_id, path, crop.type, crop.text))
+    write_manifest(directory, items)
+    return items
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("outdir", type=Path)
