@@ -27,7 +27,7 @@ from gravityocr.model.evaluation.report import evaluate
 from gravityocr.model.training.joint_loss import Objective
 from gravityocr.model.network.loading import DEFAULT_MODEL_DIR, load_recognizer
 from gravityocr.model.training.heldout import write_synthetic_set
-from gravityocr.model.training.synthetic import stage_by_name
+from gravityocr.model.training.curriculum import stage_by_name
 from gravityocr.model.training.train import CurriculumPhase, TrainConfig, Trainer
 
 HELDOUT_SEED = 10**9 + 500_000  # above every training seed and apart from data/heldout's

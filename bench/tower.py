@@ -27,13 +27,9 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
-from gravityocr.model.network.ppocr_tower import (
-    convert_onnx,
-    load_ppocr_recognizer,
-    preprocess,
-    preprocess_batch,
-    rapidocr_model_path,
-)
+from gravityocr.model.network.ppocr_conversion import convert_onnx, rapidocr_model_path
+from gravityocr.model.network.ppocr_loading import load_ppocr_recognizer
+from gravityocr.model.network.ppocr_preprocessing import preprocess, preprocess_batch
 
 FONTS = ("DejaVuSans.ttf", "DejaVuSerif.ttf", "DejaVuSansMono.ttf")
 WORDS = ("the of and to in is that for it with as was on be by this are from at or an which have not were "

@@ -283,7 +283,8 @@ def _eval_pages(package: UnpackedPackage, seed: int, limit: int | None) -> Itera
 
 def _eval_inline_formulas(package: UnpackedPackage, seed: int, limit: int | None) -> Iterator[CorpusItem]:
     """Display and inline formulas in Computer Modern (pdflatex) and mathtext."""
-    from gravityocr.corpus.formulas import FormulaConfig, formula_items
+    from gravityocr.corpus.formula_extraction import FormulaConfig
+    from gravityocr.corpus.formulas import formula_items
 
     yield from formula_items(package, seed, limit, config=FormulaConfig(inline=True))
 
@@ -296,7 +297,8 @@ _EVAL_PER_UNIT = {"text": 60, "page": 3, "table": 8, "formula": 6}
 
 @functools.cache
 def training_formula_config():
-    from gravityocr.corpus.formulas import FormulaConfig, available_math_styles
+    from gravityocr.corpus.formula_extraction import FormulaConfig
+    from gravityocr.corpus.formula_rendering import available_math_styles
 
     return FormulaConfig(inline=True, math_styles=available_math_styles())
 
@@ -308,7 +310,8 @@ def training_formula_targets(cache: Path) -> set[str]:
 
 def formula_targets(packages: list[UnpackedPackage]) -> frozenset[str]:
     """Every formula target of the packages, display and inline."""
-    from gravityocr.corpus.formulas import FormulaConfig, package_formulas
+    from gravityocr.corpus.formula_extraction import FormulaConfig
+    from gravityocr.corpus.formulas import package_formulas
 
     return frozenset(formula.target for package in packages
                      for _, formula in package_formulas(package, FormulaConfig(inline=True)))

@@ -9,15 +9,14 @@ import shutil
 import pytest
 
 from gravityocr.corpus.debian import ReservedPackage, UnpackedPackage
-from gravityocr.corpus.formulas import (
+from gravityocr.corpus.formula_extraction import (
     FormulaConfig,
     extract_display_math,
     find_display_formulas,
-    formula_items,
-    package_formulas,
-    render_pdflatex,
     usable_target,
 )
+from gravityocr.corpus.formula_rendering import render_pdflatex
+from gravityocr.corpus.formulas import formula_items, package_formulas
 from gravityocr.model.evaluation.scores import canonicalize_latex
 
 needs_pdflatex = pytest.mark.skipif(shutil.which("pdflatex") is None,
@@ -178,7 +177,7 @@ def test_inline_math_is_found_only_when_asked_and_after_the_displays():
 
 @needs_pdflatex
 def test_every_available_math_style_typesets_display_and_inline_math():
-    from gravityocr.corpus.formulas import MATH_STYLES, available_math_styles
+    from gravityocr.corpus.formula_rendering import MATH_STYLES, available_math_styles
 
     styles = available_math_styles()
     assert "cm" in styles and set(styles) <= set(MATH_STYLES)

@@ -11,16 +11,11 @@ import shutil
 import numpy as np
 import pytest
 
+from gravityocr.corpus.chromium import Chromium
 from gravityocr.corpus.debian import ReservedPackage, UnpackedPackage
-from gravityocr.corpus.tables import (
-    Chromium,
-    html_table_items,
-    html_tables,
-    latex_cell_text,
-    latex_table_items,
-    latex_tabulars,
-    normalize_html_table,
-)
+from gravityocr.corpus.html_tables import html_tables, normalize_html_table
+from gravityocr.corpus.latex_tables import latex_cell_text, latex_tabulars
+from gravityocr.corpus.tables import html_table_items, latex_table_items
 from gravityocr.model.evaluation.scores import parse_table, teds
 
 needs_chromium = pytest.mark.skipif(not os.path.exists("/usr/bin/chromium"), reason="chromium is not installed")

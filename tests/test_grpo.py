@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from gravityocr.cli import main
-from gravityocr.model.training import synthetic
+from gravityocr.model.training import curriculum, synthetic
 from gravityocr.model.decode.reference import greedy_decode, speculative_decode
 from gravityocr.model.training.grpo import CropSource, GrpoConfig, GrpoTrainer, group_advantages, policy_loss, response_log_probs
 from gravityocr.model.training.joint_loss import Objective, TrainingSample, build_joint_batch, joint_loss
@@ -187,7 +187,7 @@ def test_grpo_command_learns_resumes_exactly_and_keeps_decoding_exact(tmp_path):
     recognizer = load_recognizer(tmp_path / "export")
     eos = set(recognizer.processor.eos_token_ids)
     for seed, stage in [(11, "mono-3-11"), (12, "fonts-8-20"), (13, "tables-formulas")]:
-        crop = synthetic.generate_crop(seed, synthetic.stage_by_name(stage))
+        crop = synthetic.generate_crop(seed, curriculum.stage_by_name(stage))
         prompt = recognizer.processor.encode(crop.image, crop.type)
         assert (speculative_decode(recognizer.model, prompt, 200, eos).token_ids
                 == greedy_decode(recognizer.model, prompt, 200, eos).token_ids)

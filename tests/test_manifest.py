@@ -11,7 +11,7 @@ from PIL import Image
 
 from gravityocr.model.evaluation.manifest import ManifestItem, read_manifest, write_manifest
 from gravityocr.model.training.heldout import write_synthetic_set
-from gravityocr.model.training.synthetic import CURRICULUM, MAX_HEIGHT, MAX_WIDTH, VOCABULARY
+from gravityocr.model.training.curriculum import CURRICULUM, MAX_HEIGHT, MAX_WIDTH, VOCABULARY
 
 HELDOUT = Path(__file__).resolve().parents[1] / "data" / "heldout"
 

@@ -19,18 +19,15 @@ ort = pytest.importorskip("onnxruntime")
 
 from gravityocr.bench.tower import main as bench_main  # noqa: E402
 from gravityocr.bench.tower import render_line  # noqa: E402
-from gravityocr.model.network.ppocr_tower import (  # noqa: E402
+from gravityocr.model.network.ppocr_conversion import (  # noqa: E402
     CHECKSUM_KEY,
-    PPOCRv6Recognizer,
     convert_onnx,
-    ctc_greedy_decode,
     file_sha256,
-    load_ppocr_recognizer,
-    preprocess,
-    preprocess_batch,
     rapidocr_model_path,
-    read_metadata,
 )
+from gravityocr.model.network.ppocr_loading import load_ppocr_recognizer, read_metadata  # noqa: E402
+from gravityocr.model.network.ppocr_preprocessing import preprocess, preprocess_batch  # noqa: E402
+from gravityocr.model.network.ppocr_tower import PPOCRv6Recognizer, ctc_greedy_decode  # noqa: E402
 
 TOLERANCE = 1e-4
 LINES = [

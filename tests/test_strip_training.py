@@ -16,9 +16,9 @@ from gravityocr.cli import main
 from gravityocr.corpus.build import BuildConfig, build
 from gravityocr.model.decode.reference import greedy_decode, speculative_decode
 from gravityocr.model.network.loading import Recognizer, load_recognizer, save_recognizer
-from gravityocr.model.network.ppocr_tower import convert_onnx, rapidocr_model_path
-from gravityocr.model.network.ppocr_tower import load_ppocr_recognizer as load_tower
-from gravityocr.model.training.strips import read_cache
+from gravityocr.model.network.ppocr_conversion import convert_onnx, rapidocr_model_path
+from gravityocr.model.network.ppocr_loading import load_ppocr_recognizer as load_tower
+from gravityocr.model.training.strip_feature_cache import read_cache
 from gravityocr.model.network.strip_vision import UNREAD_BIAS, ReadingPrefix
 
 from test_corpus_build import fixture_package  # noqa: F401  (the one-PDF Debian package)
@@ -83,7 +83,8 @@ def test_cache_train_resume_and_decode_exactly(tmp_path, fixture_package, tiny_m
 
 
 def test_length_weights_favour_long_texts_and_keep_each_types_share():
-    from gravityocr.model.training.strips import LONGEST_WEIGHT, SHORTEST_WEIGHT, CachedItem, length_weights
+    from gravityocr.model.training.strip_feature_cache import CachedItem
+    from gravityocr.model.training.strips import LONGEST_WEIGHT, SHORTEST_WEIGHT, length_weights
 
     texts = [("text", "ab"), ("text", "a" * 40), ("text", "b" * 1000), ("table", "x" * 50), ("table", "y" * 500)]
     items = [CachedItem(str(i), kind, None, None, [], text) for i, (kind, text) in enumerate(texts)]
@@ -150,7 +151,9 @@ def test_every_train_strips_flag_says_what_it_does():
 
 
 def test_type_shares_set_each_types_share_of_the_draws_whatever_its_count():
-    from gravityocr.model.training.strips import CachedItem, StripTrainConfig, sampling_weights
+    from gravityocr.model.training.strip_feature_cache import CachedItem
+    from gravityocr.model.training.strip_train_config import StripTrainConfig
+    from gravityocr.model.training.strips import sampling_weights
 
     items = [CachedItem(f"t{i}", "text", torch.zeros(1, 1), torch.ones(1, 3), [1], "abc") for i in range(2)]
     items += [CachedItem(f"f{i}", "formula", torch.zeros(1, 1), torch.ones(1, 3), [1], "x^{2}") for i in range(8)]

@@ -253,8 +253,8 @@ def test_the_reading_prefix_holds_what_the_pretrained_classifier_reads(tokenizer
     """With the pretrained weights, a clean line's reading prefix is its text, and a
     two-line crop's is both lines (one per strip, overlapping strips read them again)
     joined by newlines, then empty positions up to the slot count."""
-    from gravityocr.model.network.ppocr_tower import convert_onnx, rapidocr_model_path
-    from gravityocr.model.training.strips import start_model
+    from gravityocr.model.network.ppocr_conversion import convert_onnx, rapidocr_model_path
+    from gravityocr.model.training.strip_start import start_model
 
     start = tmp_path / "start"
     config = build_config(tokenizer, SEPARATED_INIT)

@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 from gravityocr.model.evaluation.scores import canonicalize_latex, parse_table
-from gravityocr.model.training.synthetic import (
-    CURRICULUM, KINDS, MAX_HEIGHT, MAX_WIDTH, TOKEN_PX, VOCABULARY, CurriculumStage, clean_text, corpus,
-    crop_stream, generate_crop,
+from gravityocr.model.training.curriculum import (
+    CURRICULUM, KINDS, MAX_HEIGHT, MAX_WIDTH, TOKEN_PX, VOCABULARY, CurriculumStage,
 )
+from gravityocr.model.training.synthetic import crop_stream, generate_crop
+from gravityocr.model.training.text_sources import clean_text, corpus
 
 HARD = CURRICULUM[-1]
 CLEAN_TABLES = CurriculumStage("test-clean-tables", type_weights={"table": 1.0})
@@ -142,17 +143,17 @@ def test_corpus_has_prose_and_code():
 
 def test_a_saved_corpus_replaces_the_machines_own(tmp_path, monkeypatch):
     """A leased machine renders this machine's text: the corpus travels as a file."""
-    from gravityocr.model.training import synthetic
+    from gravityocr.model.training import text_sources
 
     saved = tmp_path / "corpus.json"
-    synthetic.write_corpus(saved)
+    text_sources.write_corpus(saved)
     here = corpus()
-    monkeypatch.setenv(synthetic.CORPUS_FILE_VARIABLE, str(saved))
+    monkeypatch.setenv(text_sources.CORPUS_FILE_VARIABLE, str(saved))
     corpus.cache_clear()
     try:
         assert corpus() == here
         saved.write_text(json.dumps({"prose": ["Only this line."], "code": ["x = 1"]}))
         corpus.cache_clear()
-        assert corpus() == synthetic.Corpus(("Only this line.",), ("x = 1",))
+        assert corpus() == text_sources.Corpus(("Only this line.",), ("x = 1",))
     finally:
         corpus.cache_clear()

@@ -1,19 +1,14 @@
 """Drafts of LaTeX command names, kept to names LaTeX has.
 
 A character tokenizer writes `\\epsilon` as eight tokens, and the drafter, writing a
-block's tokens in parallel, knows a command comes but not its letters' exact places: on
-the held-out formulas (shipped weights; rounds of a decoding variant since deleted) 187 of
-555 rounds stopped inside a command name (`\\frac{\\` then a wrong first letter, `\\appr` then
-a doubled letter, `\\sqr` then `{`). Given the letters committed after the backslash, a run
-of drafted letters that spells no command is replaced by the command whose rest is
-nearest to it (edit distance; ties to the commoner command): `\\eppsiln` drafts
-`\\epsilon`, `\\sqr{` drafts `\\sqrt{`. Letters after a committed start that no listed
-command has are left as drafted.
+block's tokens in parallel, knows a command comes but not its letters' exact places (how
+often a round stopped inside a command name, and what keeping the drafts to names bought:
+docs/decoding.md). Given the letters committed after the backslash, a run of drafted
+letters that spells no command is replaced by the command whose rest is nearest to it (edit
+distance; ties to the commoner command): `\\eppsiln` drafts `\\epsilon`, `\\sqr{` drafts
+`\\sqrt{`. Letters after a committed start that no listed command has are left as drafted.
 
-Output is unchanged: drafts only choose what is verified. Held-out formulas, shipped
-weights: TPF 2.78 with the prefill's drafts kept, 2.96 with every round's. (In the deleted
-variant's rounds, trusting the first drafted letter, or also keeping runs far from every
-command, drafted worse.)
+Output is unchanged: drafts only choose what is verified.
 """
 
 from __future__ import annotations

@@ -7,46 +7,28 @@ height only), an SVTR-style neck (average pool 3×2, 1×1 conv 384→120, a 1×7
 two pre-norm transformer blocks of width 120 with 8 heads, a shortcut branch added back) and a
 CTC classifier 120→18710 with softmax, kept as its own module (`CTCHead`).
 
-`convert_onnx` reads the initializers once (it needs the `onnx` package) and writes a
-safetensors file whose keys are this module's parameter names; the neck's three batch norms
-are folded into their convs there, so every conv carries a bias. Loading (`load_ppocr_recognizer`)
-needs only safetensors and torch, checks the names strictly, and returns the character list
-stored beside the weights (blank at 0, the dictionary, then a space: 18710 classes).
-
 Shapes for a (N, 3, 48, W) input: `feature_map` (N, 384, 3, ⌈W/4⌉) — the last 2-D map, the
 input of the height pooling; `sequence` (N, ⌊⌈W/4⌉/2⌋, 120) — one step per 8 px of W, the
 neck's output before the classifier. The backbone takes any height ≥ 48 (`features`); the
 neck, like the ONNX graph, needs a pooled height of 1 (inputs 48 px high as rapidocr makes
 them).
-
-`preprocess` / `preprocess_batch` reproduce rapidocr's own rec preprocessing (cv2 bilinear
-resize to height 48 keeping the aspect ratio, BGR, (x/255 − 0.5)/0.5, zero right-padding to
-int(48 · max(320/48, w/h))) bit for bit for RGB, L and 1-bit images; cv2 comes with rapidocr
-(the `layout` extra) and is imported only there.
 """
 
 from __future__ import annotations
 
-import hashlib
-import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Sequence
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 IMAGE_HEIGHT = 48
-MIN_WH_RATIO = 320 / 48  # rapidocr's rec_img_shape [3, 48, 320]: lines are padded to at least 320 px
 HARDSIGMOID_SLOPE = 0.1666667  # the graph's HardSigmoid alpha (Paddle's slope), not exactly 1/6
-CHECKSUM_KEY = "source_sha256"
 # The largest activations of a forward pass (the stem's first map and every block's MLP hidden
 # map) hold 576 floats per input pixel column of a 48-px line.
 ACTIVATION_BYTES_PER_COLUMN = 576 * 4
 CHUNK_BYTES = 8 << 20
-CHARACTERS_KEY = "character"
 
 
 @dataclass(frozen=True)
@@ -346,274 +328,3 @@ def ctc_greedy_decode(probabilities: torch.Tensor, characters: Sequence[str]) ->
     keep = best != 0
     keep[:, 1:] &= best[:, 1:] != best[:, :-1]
     return ["".join(characters[i] for i in row[mask].tolist()) for row, mask in zip(best, keep)]
-
-
-# --- preprocessing ----------------------------------------------------------------------
-
-def _to_bgr(image) -> np.ndarray:
-    if image.mode == "1":
-        image = image.convert("L")
-    if image.mode == "L":
-        gray = np.asarray(image)
-        return np.repeat(gray[:, :, None], 3, axis=2)
-    if image.mode != "RGB":
-        # rapidocr composites RGBA over a contrast-chosen background; PIL's conversion does not.
-        image = image.convert("RGB")
-    return np.ascontiguousarray(np.asarray(image)[:, :, ::-1])
-
-
-def _wh_ratio(image) -> float:
-    return image.width * 1.0 / image.height
-
-
-def preprocess(image, max_wh_ratio: float | None = None) -> torch.Tensor:
-    """(3, 48, W) float32 for one PIL image, as rapidocr's `resize_norm_img` makes it.
-
-    W = int(48 · max_wh_ratio), by default max(320/48, the image's w/h); a batch passes its
-    largest ratio so that all its lines share one width (see `preprocess_batch`).
-    """
-    import cv2  # rapidocr's dependency; only preprocessing needs it
-
-    if max_wh_ratio is None:
-        max_wh_ratio = max(MIN_WH_RATIO, _wh_ratio(image))
-    img_width = int(IMAGE_HEIGHT * max_wh_ratio)
-    ratio = image.width / float(image.height)
-    resized_w = min(img_width, int(math.ceil(IMAGE_HEIGHT * ratio)))
-    resized = cv2.resize(_to_bgr(image), (resized_w, IMAGE_HEIGHT)).astype("float32")
-    resized = resized.transpose((2, 0, 1)) / 255
-    resized -= 0.5
-    resized /= 0.5
-    padded = np.zeros((3, IMAGE_HEIGHT, img_width), dtype=np.float32)
-    padded[:, :, :resized_w] = resized
-    return torch.from_numpy(padded)
-
-
-def preprocess_batch(images: Sequence) -> torch.Tensor:
-    """(N, 3, 48, W) for PIL images in the given order, one shared width as rapidocr's
-    batches have (rapidocr also sorts lines by aspect ratio before batching; this does not)."""
-    max_wh_ratio = max([MIN_WH_RATIO] + [_wh_ratio(image) for image in images])
-    return torch.stack([preprocess(image, max_wh_ratio) for image in images])
-
-
-# --- conversion and loading -------------------------------------------------------------
-
-def file_sha256(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _graph_order_convs(model: PPOCRv6Recognizer) -> list[nn.Conv2d]:
-    """The module's convs in the order their ONNX Conv nodes appear in the graph."""
-    stem = model.backbone.stem
-    convs = [stem.conv1, stem.conv2a, stem.conv2b, stem.conv3, stem.conv4]
-    for block in model.backbone.blocks:
-        convs.append(block.mixer)
-        if getattr(block, "se", None) is not None:
-            convs += [block.se.reduce, block.se.expand]
-        convs += [block.fc1, block.fc2]
-    neck = model.neck
-    return convs + [neck.shortcut, neck.conv_in, neck.conv_dw]
-
-
-def _graph_order_linears(model: PPOCRv6Recognizer) -> list[nn.Linear]:
-    linears = []
-    for block in model.neck.blocks:
-        linears += [block.attn.qkv, block.attn.proj, block.fc1, block.fc2]
-    return linears + [model.head.fc]
-
-
-def _graph_order_norms(model: PPOCRv6Recognizer) -> list[nn.LayerNorm]:
-    norms = []
-    for block in model.neck.blocks:
-        norms += [block.norm1, block.norm2]
-    return norms + [model.neck.norm]
-
-
-def _reachability(nodes, resolve, hops: int = 4):
-    """reaches(a, b): whether node b reads, within `hops` nodes, what node a writes."""
-    readers: dict[str, list] = {}
-    for node in nodes:
-        for name in node.input:
-            readers.setdefault(resolve(name), []).append(node)
-
-    def reaches(start, goal) -> bool:
-        frontier = [start]
-        for _ in range(hops):
-            frontier = [user for node in frontier for out in node.output for user in readers.get(resolve(out), [])]
-            if any(node is goal for node in frontier):
-                return True
-        return False
-
-    return reaches
-
-
-def onnx_state_dict(onnx_path: str | Path, config: TowerConfig | None = None) -> tuple[dict[str, torch.Tensor], str]:
-    """The module's float32 state dict read from the ONNX initializers, and the dictionary text.
-
-    Every Conv, MatMul and layer-norm node is matched to its module in graph order, and each
-    match is checked (weight shape, stride, groups, padding, layer-norm epsilon), so a graph
-    that differs from this architecture fails here rather than converting silently.
-    """
-    import onnx
-    from onnx import numpy_helper
-
-    graph_model = onnx.load(str(onnx_path))
-    graph = graph_model.graph
-    inits = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
-    alias: dict[str, str] = {}
-    for node in graph.node:  # Identity nodes are pure renames
-        if node.op_type == "Identity":
-            alias[node.output[0]] = alias.get(node.input[0], node.input[0])
-
-    def resolve(name: str) -> str:
-        return alias.get(name, name)
-
-    consumers: dict[str, list] = {}
-    for node in graph.node:
-        if node.op_type != "Identity":
-            for name in node.input:
-                consumers.setdefault(resolve(name), []).append(node)
-
-    def only_consumer(node):
-        users = consumers.get(resolve(node.output[0]), [])
-        if len(users) != 1:
-            raise ValueError(f"{node.name}: expected one consumer, found {len(users)}")
-        return users[0]
-
-    def const_input(node):
-        found = [resolve(name) for name in node.input if resolve(name) in inits]
-        if len(found) != 1:
-            raise ValueError(f"{node.name}: expected one constant input, found {found}")
-        return inits[found[0]]
-
-    model = PPOCRv6Recognizer(config)
-    names = {module: name for name, module in model.named_modules()}
-    state: dict[str, torch.Tensor] = {}
-
-    conv_nodes = [node for node in graph.node if node.op_type == "Conv"]
-    convs = _graph_order_convs(model)
-    if len(conv_nodes) != len(convs):
-        raise ValueError(f"graph has {len(conv_nodes)} Conv nodes, the module {len(convs)}")
-    reaches = _reachability(graph.node, resolve)
-    neck = model.neck
-    node_of = dict(zip(convs, conv_nodes))
-    if not reaches(node_of[neck.conv_in], node_of[neck.conv_dw]) or reaches(node_of[neck.shortcut], node_of[neck.conv_dw]):
-        raise ValueError("the neck's shortcut and input convs are not in the expected graph order")
-    for node, conv in zip(conv_nodes, convs):
-        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-        weight = inits[resolve(node.input[1])].astype(np.float32)
-        if attrs.get("auto_pad", b"NOTSET") == b"SAME_UPPER":
-            if tuple(attrs["kernel_shape"]) != (2, 2) or tuple(attrs.get("strides", (1, 1))) != (1, 1):
-                raise ValueError(f"{node.name}: SAME_UPPER is only handled for 2×2 stride-1 convs")
-            pads = (0, 0)  # the module pads bottom/right explicitly
-        else:
-            top, left, bottom, right = attrs.get("pads", (0, 0, 0, 0))
-            if (top, left) != (bottom, right):
-                raise ValueError(f"{node.name}: asymmetric pads {attrs['pads']}")
-            pads = (top, left)
-        if (tuple(weight.shape) != tuple(conv.weight.shape) or tuple(attrs["strides"]) != conv.stride
-                or attrs.get("group", 1) != conv.groups or pads != conv.padding):
-            raise ValueError(f"{node.name} does not match {names[conv]}: {weight.shape} {attrs}")
-        user = only_consumer(node)
-        if user.op_type == "Add":
-            bias = const_input(user).reshape(-1).astype(np.float32)
-        elif user.op_type == "BatchNormalization":
-            gamma, beta, mean, var = (inits[resolve(name)].astype(np.float64) for name in user.input[1:5])
-            epsilon = next((a.f for a in user.attribute if a.name == "epsilon"), 1e-5)
-            scale = gamma / np.sqrt(var + epsilon)
-            weight = (weight.astype(np.float64) * scale[:, None, None, None]).astype(np.float32)
-            bias = (beta - mean * scale).astype(np.float32)
-        else:
-            raise ValueError(f"{node.name}: unexpected consumer {user.op_type}")
-        state[f"{names[conv]}.weight"] = torch.from_numpy(np.ascontiguousarray(weight))
-        state[f"{names[conv]}.bias"] = torch.from_numpy(np.ascontiguousarray(bias))
-
-    matmul_nodes = [node for node in graph.node if node.op_type == "MatMul" and resolve(node.input[1]) in inits]
-    linears = _graph_order_linears(model)
-    if len(matmul_nodes) != len(linears):
-        raise ValueError(f"graph has {len(matmul_nodes)} weight MatMuls, the module {len(linears)}")
-    for node, linear in zip(matmul_nodes, linears):
-        weight = inits[resolve(node.input[1])].astype(np.float32).T  # ONNX (in, out) → torch (out, in)
-        if tuple(weight.shape) != tuple(linear.weight.shape):
-            raise ValueError(f"{node.name} does not match {names[linear]}: {weight.shape}")
-        state[f"{names[linear]}.weight"] = torch.from_numpy(np.ascontiguousarray(weight))
-        state[f"{names[linear]}.bias"] = torch.from_numpy(const_input(only_consumer(node)).astype(np.float32))
-
-    # Layer norm, decomposed: (x − mean) / Sqrt(var + eps) · weight + bias.
-    sqrt_nodes = [node for node in graph.node if node.op_type == "Sqrt"]
-    norms = _graph_order_norms(model)
-    if len(sqrt_nodes) != len(norms):
-        raise ValueError(f"graph has {len(sqrt_nodes)} layer norms, the module {len(norms)}")
-    producer = {resolve(out): node for node in graph.node for out in node.output}
-    for node, norm in zip(sqrt_nodes, norms):
-        epsilon = float(const_input(producer[resolve(node.input[0])]))
-        if not math.isclose(epsilon, norm.eps, rel_tol=1e-6):
-            raise ValueError(f"{names[norm]}: graph epsilon {epsilon}, module {norm.eps}")
-        div = only_consumer(node)
-        mul = only_consumer(div)
-        add = only_consumer(mul)
-        state[f"{names[norm]}.weight"] = torch.from_numpy(const_input(mul).astype(np.float32))
-        state[f"{names[norm]}.bias"] = torch.from_numpy(const_input(add).astype(np.float32))
-
-    expected = set(model.state_dict())
-    if set(state) != expected:
-        raise ValueError(f"unmatched parameters: {sorted(expected ^ set(state))}")
-    characters = {prop.key: prop.value for prop in graph_model.metadata_props}[CHARACTERS_KEY]
-    return state, characters
-
-
-def convert_onnx(onnx_path: str | Path, out_path: str | Path, dtype: torch.dtype = torch.float32) -> Path:
-    """Write the weights of `onnx_path` as safetensors with metadata: the source file's
-    sha256, its name, the dtype and the dictionary text (rapidocr's `character` metadata,
-    one character per line). float32 keeps onnxruntime's numbers; float16 halves the file,
-    but its rounding of the weights moves the probabilities far more than float32
-    arithmetic does (loading computes in float32 either way)."""
-    from safetensors.torch import save_file
-
-    state, characters = onnx_state_dict(onnx_path)
-    out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    metadata = {
-        CHECKSUM_KEY: file_sha256(onnx_path),
-        "source_file": Path(onnx_path).name,
-        "dtype": str(dtype).removeprefix("torch."),
-        CHARACTERS_KEY: characters,
-    }
-    save_file({name: tensor.to(dtype).contiguous() for name, tensor in state.items()}, str(out_path), metadata=metadata)
-    return out_path
-
-
-def read_metadata(path: str | Path) -> dict[str, str]:
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt") as handle:
-        return dict(handle.metadata() or {})
-
-
-def characters_from_dictionary(text: str) -> list[str]:
-    """rapidocr's class list: blank at 0, the dictionary's lines, then a space."""
-    return ["blank", *text.splitlines(), " "]
-
-
-def load_ppocr_recognizer(path: str | Path, dtype: torch.dtype = torch.float32) -> PPOCRv6Recognizer:
-    """The recognizer in eval mode from a `convert_onnx` file (strict names), computing in
-    `dtype` whatever dtype the file stores, with `characters` set from its metadata."""
-    from safetensors.torch import load_file
-
-    model = PPOCRv6Recognizer()
-    state = {name: tensor.to(dtype) for name, tensor in load_file(str(path)).items()}
-    model.load_state_dict(state, strict=True)
-    model.characters = characters_from_dictionary(read_metadata(path)[CHARACTERS_KEY])
-    if len(model.characters) != model.config.num_classes:
-        raise ValueError(f"{len(model.characters)} characters for {model.config.num_classes} classes")
-    return model.to(dtype).eval()
-
-
-def rapidocr_model_path() -> Path:
-    """The ONNX file inside the installed rapidocr package."""
-    import rapidocr
-
-    return Path(rapidocr.__file__).parent / "models" / "PP-OCRv6_rec_small.onnx"

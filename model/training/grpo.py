@@ -8,7 +8,7 @@ is its reward standardised within its group, and the loss raises the AR log-prob
 the responses that beat their group. Only AR log-probabilities enter the policy loss; the
 drafter shares the weights, so with `denoise_weight` > 0 the step also takes the denoising
 term of the joint objective on its crops' true targets, to keep the drafts agreeing with the
-moving verifier (measured here without it: TPF 1.40 -> 1.35 over 925 steps).
+moving verifier (docs/training-log.md: what the drafts lost without it).
 One update per sampled batch, so the clipped importance ratio of PPO is always 1 and the
 loss is the plain policy gradient; an optional k3 KL term keeps the policy near its start.
 """
@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from gravityocr.model.training import synthetic
+from gravityocr.model.training import curriculum, synthetic
 from gravityocr.model.training.joint_loss import IGNORE, JointBatch, Objective, TargetCounts, TrainingSample, backward_in_micro_batches, \
     build_joint_batch, joint_logits, split_by_length
 from gravityocr.model.network.loading import DEFAULT_MODEL_DIR, load_recognizer
@@ -40,7 +40,7 @@ from gravityocr.model.training.train import drop_log_records_after, parameter_gr
 
 @dataclass
 class CropSource:
-    stage: str  # a synthetic.CURRICULUM stage name
+    stage: str  # a curriculum.CURRICULUM stage name
     kind: str | None = None  # only this content type of the stage; None: the stage's own mix
 
 
@@ -89,7 +89,7 @@ class GrpoConfig:
         if not self.sources:
             raise ValueError("sources must name at least one stage to draw crops from")
         for source in self.sources:
-            stage = synthetic.stage_by_name(source.stage)
+            stage = curriculum.stage_by_name(source.stage)
             if source.kind is not None and stage.type_weights.get(source.kind, 0) <= 0:
                 raise ValueError(f"stage {source.stage!r} has no {source.kind!r} crops (it has {sorted(stage.type_weights)})")
 
@@ -172,7 +172,7 @@ class GrpoTrainer:
         crops an uninterrupted one would (seeds below 10^9, apart from the held-out set's)."""
         seed = (self.config.seed * 1_000_003 + step * self.config.prompts_per_step + index) % 10**9
         source = random.Random(seed).choice(self.config.sources)
-        return synthetic.generate_crop(seed, synthetic.stage_by_name(source.stage), source.kind)
+        return synthetic.generate_crop(seed, curriculum.stage_by_name(source.stage), source.kind)
 
     def step_generator(self, step: int) -> torch.Generator:
         return torch.Generator().manual_seed(self.config.seed * 1_000_003 + step)

@@ -13,7 +13,8 @@ import argparse
 from pathlib import Path
 
 from gravityocr.model.evaluation.manifest import ManifestItem, save_crop_image, write_manifest
-from gravityocr.model.training.synthetic import CURRICULUM, generate_crop, stage_by_name
+from gravityocr.model.training.curriculum import CURRICULUM, stage_by_name
+from gravityocr.model.training.synthetic import generate_crop
 
 HELDOUT_SEED = 10**9
 

@@ -27,7 +27,7 @@ from typing import Iterator
 import torch
 from tqdm import tqdm
 
-from gravityocr.model.training import synthetic
+from gravityocr.model.training import curriculum, synthetic
 from gravityocr.model.network.configs import SMALL, TINY, build_config
 from gravityocr.model.training.joint_loss import (JointBatch, Objective, TargetCounts, TrainingSample, build_joint_batch, joint_loss,
                          split_by_length)
@@ -43,7 +43,7 @@ SIZES = {"tiny": TINY, "small": SMALL}
 
 @dataclass
 class CurriculumPhase:
-    stage: str  # a synthetic.CURRICULUM stage name
+    stage: str  # a curriculum.CURRICULUM stage name
     steps: int  # steps spent in this phase (the last phase runs until the end)
     objective: str | None = None  # overrides TrainConfig.objective (e.g. plain AR until the model reads)
     kind: str | None = None  # only this content type of the stage ("text", "table", "formula")
@@ -82,7 +82,7 @@ class TrainConfig:
     # gradient, far less padding when text lines and tables share a batch); 0: one pass
     micro_batch_tokens: int = 0
     curriculum: list[CurriculumPhase] = field(default_factory=lambda: [
-        CurriculumPhase(stage.name, 600) for stage in synthetic.CURRICULUM
+        CurriculumPhase(stage.name, 600) for stage in curriculum.CURRICULUM
     ])
 
     @classmethod
@@ -94,7 +94,7 @@ class TrainConfig:
             raise ValueError(f"size must be one of {sorted(SIZES)}, got {self.size!r}")
         Objective(self.objective)
         for phase in self.curriculum:
-            stage = synthetic.stage_by_name(phase.stage)
+            stage = curriculum.stage_by_name(phase.stage)
             Objective(phase.objective or self.objective)
             if phase.kind is not None and stage.type_weights.get(phase.kind, 0) <= 0:
                 raise ValueError(f"stage {phase.stage!r} has no {phase.kind!r} crops "
@@ -144,7 +144,7 @@ class TrainProgress:
     phase: str
 
 
-def sample_for_step(config: TrainConfig, step: int, index: int) -> tuple[int, synthetic.CurriculumStage, str | None]:
+def sample_for_step(config: TrainConfig, step: int, index: int) -> tuple[int, curriculum.CurriculumStage, str | None]:
     """Which crop the index-th sample of `step` is (seed, stage, content type or None for
     the stage's mix): deterministic, so a resumed run sees exactly the data an uninterrupted
     one would."""
@@ -154,7 +154,7 @@ def sample_for_step(config: TrainConfig, step: int, index: int) -> tuple[int, sy
     if phase > 0 and rng.random() < config.replay_fraction:
         phase = rng.randrange(phase)
     chosen = config.curriculum[phase]
-    return seed % 10**9, synthetic.stage_by_name(chosen.stage), chosen.kind
+    return seed % 10**9, curriculum.stage_by_name(chosen.stage), chosen.kind
 
 
 def encode_crop(processor: OcrProcessor, crop: synthetic.SyntheticCrop) -> TrainingSample:
