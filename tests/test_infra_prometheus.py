@@ -159,18 +159,21 @@ def _wait_ready(url: str, server: subprocess.Popen, log: Path, timeout: float) -
     pytest.fail(f"gravityocr serve not ready after {timeout} s:\n{log.read_text()[-3000:]}")
 
 
-def _ocr_request(url: str, image: bytes) -> int:
+def _ocr_request(url: str, image: bytes) -> int | str:
+    """The answer's status, or what went wrong on the way (a timeout, a refused connection)."""
     boundary = "gravityocr-test-boundary"
     body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"notice.png\"\r\n"
             f"Content-Type: image/png\r\n\r\n").encode() + image + f"\r\n--{boundary}--\r\n".encode()
     request = urllib.request.Request(f"{url}/v1/ocr", data=body, method="POST",
                                      headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
     try:
-        with urllib.request.urlopen(request, timeout=120) as response:
+        with urllib.request.urlopen(request, timeout=300) as response:  # a loaded 2-core box can be slow
             json.load(response)
             return response.status
     except urllib.error.HTTPError as error:
         return error.code
+    except OSError as error:  # no answer at all: said in the statuses, the requests go on
+        return f"{type(error).__name__}: {error}"
 
 
 def _stop(process: subprocess.Popen) -> None:
@@ -279,7 +282,7 @@ def test_prometheus_answers_the_panels_for_a_real_batch_job_and_serve_requests(l
     # every token the job committed counted once, the online API's apart (the driver records
     # them: an engine actor killed at the job's end would lose its last seconds)
     assert job_tokens and batch_tokens == job_tokens, (batch_tokens, job_tokens)
-    assert len(statuses) >= 3 and set(statuses) == {200}, statuses
+    assert len(statuses) >= 3 and set(statuses) == {200}, (statuses, (logs / "serve.log").read_text()[-3000:])
 
     tpf = {r["metric"]["content_type"]: float(r["value"][1])
            for (title, _), result in answers.items() if title == "TPF by content type" for r in result}
