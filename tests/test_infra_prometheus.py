@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 CLUSTER = REPO / "infra" / "local" / "cluster.sh"
 SAMPLES = REPO / "samples"
 GENERATED_SAMPLES = ("columns.jpg", "notice.png", "report.pdf")  # corpus/make_samples.py draws them
-COPIES = 2  # of the generated samples in the job: 8 pages
+COPIES = 3  # of the generated samples in the job: 12 pages (with fewer the job can end inside one metrics export and Pages/s has no rate)
 DASHBOARDS = REPO / "infra" / "grafana" / "dashboards"
 RAY_HOST, HOST = "127.0.0.2", "127.0.0.1"
 
